@@ -1,0 +1,290 @@
+"""The App: tasks, limits and a backend URL; schedules work from async or plain sync code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, overload
+
+from .backends import DEFAULT_URL, Backend, open_backend
+from .errors import ConfigError, UnknownQueue
+from .limits import check_pattern
+from .portal import Portal
+from .retry import Retry
+from .tasks import GroupOption, KeyFunction, Task, TaskOptions, group_option, prepare
+from .types import (
+    JSON,
+    Limit,
+    LimitRule,
+    Mode,
+    QueueConfig,
+    QueueStats,
+    Schedule,
+    ScheduleResult,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+Target = Task[Any] | str
+
+DEFAULT_LEASE = 60.0
+
+
+def schedule_mode(only_if_earlier: bool, only_if_new: bool) -> Mode:
+    if only_if_earlier and only_if_new:
+        raise ConfigError("only_if_earlier and only_if_new exclude each other")
+    if only_if_earlier:
+        return Mode.ONLY_IF_EARLIER
+    return Mode.ONLY_IF_NEW if only_if_new else Mode.OVERWRITE
+
+
+class App:
+    """Holds tasks and limits; connects lazily, once per event loop that uses it."""
+
+    def __init__(self, backend: str | None = None, *, clock: Callable[[], float] = time.time):
+        self.url = backend or DEFAULT_URL
+        self.clock = clock
+        self.tasks: dict[str, Task[Any]] = {}
+        self.limit_rules: dict[str, LimitRule] = {}
+        self._backends: dict[asyncio.AbstractEventLoop, Backend] = {}
+        self._ready: set[Backend] = set()
+        self._portal = Portal()
+
+    def __repr__(self) -> str:
+        return f"<App {self.url} tasks={sorted(self.tasks)}>"
+
+    # -- declaring ------------------------------------------------------------------------
+
+    @overload
+    def task(self, function: F) -> Task[Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        queue: str | None = None,
+        group: GroupOption = "host",
+        key: KeyFunction | None = None,
+        retry: Retry | None = None,
+        max_attempts: int | None = None,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        start: bool = False,
+        seen: bool = False,
+    ) -> Callable[[F], Task[Any]]: ...
+
+    def task(
+        self,
+        function: F | None = None,
+        *,
+        queue: str | None = None,
+        group: GroupOption = "host",
+        key: KeyFunction | None = None,
+        retry: Retry | None = None,
+        max_attempts: int | None = None,
+        lease: float = DEFAULT_LEASE,
+        timeout: float | None = None,
+        start: bool = False,
+        seen: bool = False,
+    ) -> Task[Any] | Callable[[F], Task[Any]]:
+        """Registers a task. `start=True` marks an entry point of the job (`crawlq start`)."""
+
+        def register(fn: F) -> Task[Any]:
+            name = queue or fn.__name__
+            if name in self.tasks:
+                raise ConfigError(f"two tasks use queue {name!r}: give one a queue= name")
+            if lease <= 0 or (timeout is not None and timeout <= 0):
+                raise ConfigError(f"task {name!r}: lease and timeout must be positive")
+            policy = retry or Retry()
+            if max_attempts is not None:
+                policy = Retry(
+                    max_attempts=max_attempts,
+                    base=policy.base,
+                    factor=policy.factor,
+                    cap=policy.cap,
+                    jitter=policy.jitter,
+                )
+            group_by, group_function = group_option(None if start else group)
+            options = TaskOptions(
+                queue=name,
+                group_by=group_by,
+                group_function=group_function,
+                key=key,
+                retry=policy,
+                lease=lease,
+                start=start,
+                seen=seen,
+                timeout=timeout,
+            )
+            task: Task[Any] = Task(fn, options)
+            self.tasks[name] = task
+            return task
+
+        return register(function) if function is not None else register
+
+    def limit(self, pattern: str, *, concurrency: int | None = None, interval: float = 0.0) -> None:
+        """Limits every group matching the glob `pattern` (`*` is the default rule)."""
+        try:
+            limit = Limit(concurrency=concurrency, interval=interval)
+        except ValueError as exc:
+            raise ConfigError(f"limit {pattern!r}: {exc}") from None
+        pattern = check_pattern(pattern)
+        self.limit_rules[pattern] = LimitRule(pattern=pattern, limit=limit)
+        self._ready.clear()
+
+    @property
+    def start_tasks(self) -> list[Task[Any]]:
+        return [task for task in self.tasks.values() if task.options.start]
+
+    # -- connecting -----------------------------------------------------------------------
+
+    async def backend(self) -> Backend:
+        """This loop's backend, opened, with the app's queues and limits stored in it."""
+        loop = asyncio.get_running_loop()
+        backend = self._backends.get(loop)
+        if backend is None:
+            backend = open_backend(self.url, clock=self.clock)
+            await backend.open()
+            self._backends[loop] = backend
+        if backend not in self._ready:
+            await self.publish(backend)
+        return backend
+
+    async def publish(self, backend: Backend) -> None:
+        """Stores the app's queues and limit rules in `backend`."""
+        await backend.ensure_queues([task.queue_config for task in self.tasks.values()])
+        if self.limit_rules:
+            await backend.set_limits(list(self.limit_rules.values()))
+        self._ready.add(backend)
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        backend = self._backends.pop(loop, None)
+        if backend is not None:
+            self._ready.discard(backend)
+            await backend.close()
+
+    def close(self) -> None:
+        """Closes the backend used by the sync API and its thread."""
+        if any(loop is not None for loop in self._backends):
+            with contextlib.suppress(RuntimeError):
+                self._portal.call(self.aclose())
+        self._portal.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    async def _queue_config(self, backend: Backend, name: str) -> QueueConfig:
+        for config in await backend.queues():
+            if config.name == name:
+                return config
+        raise UnknownQueue(name)
+
+    async def prepare(
+        self,
+        target: Target,
+        elements: Iterable[JSON],
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        only_if_earlier: bool = False,
+        only_if_new: bool = False,
+        revisit: bool = False,
+        backend: Backend | None = None,
+    ) -> list[Schedule]:
+        backend = backend or await self.backend()
+        mode = schedule_mode(only_if_earlier, only_if_new)
+        due = backend.now() + seconds
+        task = target if isinstance(target, Task) else self.tasks.get(target)
+        if task is not None:
+            return [
+                task.prepare(e, due=due, priority=priority, mode=mode, revisit=revisit)
+                for e in elements
+            ]
+        config = await self._queue_config(backend, str(target))
+        return [
+            prepare(config, e, due=due, priority=priority, mode=mode, revisit=revisit)
+            for e in elements
+        ]
+
+    async def aschedule(
+        self,
+        target: Target,
+        element: JSON,
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        """Schedules one element: added, or its due time and priority moved, never duplicated."""
+        return await self.aschedule_many(
+            target, [element], seconds=seconds, priority=priority, **options
+        )
+
+    async def aschedule_many(
+        self,
+        target: Target,
+        elements: Iterable[JSON],
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        only_if_earlier: bool = False,
+        only_if_new: bool = False,
+        revisit: bool = False,
+        backend: Backend | None = None,
+    ) -> ScheduleResult:
+        """Schedules many elements in one atomic step."""
+        backend = backend or await self.backend()
+        items = await self.prepare(
+            target,
+            elements,
+            seconds=seconds,
+            priority=priority,
+            only_if_earlier=only_if_earlier,
+            only_if_new=only_if_new,
+            revisit=revisit,
+            backend=backend,
+        )
+        return await backend.schedule(items)
+
+    def schedule(
+        self,
+        target: Target,
+        element: JSON,
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        """`aschedule` for plain synchronous code."""
+        return self._portal.call(
+            self.aschedule(target, element, seconds=seconds, priority=priority, **options)
+        )
+
+    def schedule_many(
+        self,
+        target: Target,
+        elements: Iterable[JSON],
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        """`aschedule_many` for plain synchronous code."""
+        return self._portal.call(
+            self.aschedule_many(
+                target, list(elements), seconds=seconds, priority=priority, **options
+            )
+        )
+
+    def stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]:
+        async def read() -> list[QueueStats]:
+            return await (await self.backend()).queue_stats(queues)
+
+        return self._portal.call(read())

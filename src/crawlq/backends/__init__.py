@@ -1,0 +1,25 @@
+"""Backends by URL: `sqlite:///path.db` (the default, embedded); Redis and PostgreSQL later."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..errors import ConfigError
+from .base import Backend
+from .sqlite import DEFAULT_URL, SQLiteBackend
+
+__all__ = ["DEFAULT_URL", "Backend", "open_backend"]
+
+
+def open_backend(
+    url: str | None = None, *, clock: Callable[[], float] = time.time, create: bool = True
+) -> Backend:
+    """A backend for `url`, not yet opened; `create=False` refuses to make a new database."""
+    url = url or DEFAULT_URL
+    scheme = url.partition(":")[0]
+    if scheme == "sqlite":
+        return SQLiteBackend(url, clock=clock, create=create)
+    if scheme in ("redis", "rediss", "postgresql", "postgres"):
+        raise ConfigError(f"the {scheme} backend is not available yet; use sqlite:///path.db")
+    raise ConfigError(f"unknown backend URL {url!r}: expected sqlite:///path/to/file.db")

@@ -1,0 +1,90 @@
+"""The backend interface: every queue operation the task API, worker and CLI need.
+
+Backends apply SPEC section 3 identically; `tests/test_conformance.py` proves it for each.
+Times are seconds since the epoch from the backend's clock, so tests can drive it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..types import (
+    Claimed,
+    ClaimResult,
+    DeadLetter,
+    Failure,
+    GroupStats,
+    LimitRule,
+    QueueConfig,
+    QueueStats,
+    Schedule,
+    ScheduleResult,
+    WorkerInfo,
+)
+
+
+class Backend(Protocol):
+    url: str
+
+    def now(self) -> float:
+        """The backend's clock, in seconds since the epoch."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
+        """Creates or updates queues; their settings are stored for tools without task code."""
+
+    async def queues(self) -> list[QueueConfig]: ...
+
+    async def schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
+        """Adds or moves elements, all in one atomic step and one round trip."""
+
+    async def claim(
+        self, queues: Sequence[str], *, worker: str, limit: int, lease: float
+    ) -> ClaimResult:
+        """Leases up to `limit` claimable elements: due, group slot free, interval passed."""
+
+    async def ack(self, elements: Sequence[Claimed]) -> None: ...
+
+    async def fail(self, failures: Sequence[Failure]) -> None: ...
+
+    async def release(self, elements: Sequence[Claimed]) -> None:
+        """Returns unfinished elements to their queue at once, the attempt not counted."""
+
+    async def heartbeat(
+        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
+    ) -> None:
+        """Extends the leases of `elements` and records that `worker` is alive."""
+
+    async def register_worker(self, worker: WorkerInfo) -> None: ...
+
+    async def unregister_worker(self, worker_id: str) -> None: ...
+
+    async def workers(self) -> list[WorkerInfo]: ...
+
+    async def limits(self) -> list[LimitRule]: ...
+
+    async def set_limits(self, rules: Sequence[LimitRule]) -> None:
+        """Adds or replaces rules; every group's limits follow at once, no restart needed."""
+
+    async def delete_limit(self, pattern: str) -> bool: ...
+
+    async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
+        """No element of `group` starts before `until`; None lifts the block."""
+
+    async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]: ...
+
+    async def group_stats(
+        self, pattern: str = "*", *, limit: int = 100, include_idle: bool = False
+    ) -> list[GroupStats]: ...
+
+    async def dead_letters(
+        self, queue: str, *, limit: int = 100, offset: int = 0
+    ) -> list[DeadLetter]: ...
+
+    async def requeue_dead(self, queue: str, keys: Sequence[str] | None = None) -> int: ...
+
+    async def purge_dead(self, queue: str, keys: Sequence[str] | None = None) -> int: ...

@@ -1,0 +1,593 @@
+"""The queue operations on one SQLite store, synchronous; each one is a single transaction.
+
+The frontier (see migrations/0001) is kept true by two refreshes: `_refresh_pair` after the
+ready elements of a (queue, group) sub-queue change, and `_refresh_gate` after a group's
+running count, start time, limits or block change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+
+from ...errors import UnknownQueue
+from ...identity import key_hash
+from ...limits import UNLIMITED, resolve
+from ...types import (
+    NEVER,
+    Claimed,
+    ClaimResult,
+    DeadLetter,
+    Failure,
+    GroupBy,
+    GroupStats,
+    Limit,
+    LimitRule,
+    Mode,
+    QueueConfig,
+    QueueStats,
+    Schedule,
+    ScheduleResult,
+    WorkerInfo,
+)
+from .store import Store
+
+DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
+NO_GROUP_ID = 0
+#: A worker is gone when it missed this many seconds of heartbeats.
+WORKER_TTL = 120.0
+
+Pair = tuple[int, int]
+
+
+class _Queue:
+    __slots__ = ("id", "seen")
+
+    def __init__(self, queue_id: int, seen: bool) -> None:
+        self.id = queue_id
+        self.seen = seen
+
+
+def merge(items: Iterable[Schedule]) -> dict[tuple[str, str], Schedule]:
+    """Folds repeated schedules of one element in a batch as if applied one after another."""
+    merged: dict[tuple[str, str], Schedule] = {}
+    for item in items:
+        slot = (item.queue, item.key)
+        prev = merged.get(slot)
+        if prev is None or item.mode is Mode.OVERWRITE:
+            merged[slot] = item
+        elif item.mode is Mode.ONLY_IF_EARLIER and item.due < prev.due:
+            mode = Mode.OVERWRITE if prev.mode is Mode.OVERWRITE else Mode.ONLY_IF_EARLIER
+            merged[slot] = replace(item, mode=mode)
+    return merged
+
+
+class Engine:
+    def __init__(self, store: Store, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+        self._queues: dict[str, _Queue] = {}
+        self._groups: dict[str, int] = {"": NO_GROUP_ID}
+        self._group_names: dict[int, str] = {NO_GROUP_ID: ""}
+
+    # -- names to ids ---------------------------------------------------------------------
+
+    def _queue(self, name: str) -> _Queue | None:
+        queue = self._queues.get(name)
+        if queue is None:
+            row = self.store.run("queue_by_name", {"name": name}).fetchone()
+            if row is None:
+                return None
+            queue = self._queues[name] = _Queue(row[0], bool(row[3]))
+        return queue
+
+    def _group_id(self, name: str, rules: list[LimitRule]) -> int:
+        group_id = self._groups.get(name)
+        if group_id is None:
+            group_id = self.store.value("group_by_name", {"name": name})
+            if group_id is None:
+                if not rules:
+                    rules.extend(self._limit_rules())
+                limit = resolve(name, rules)
+                group_id = self.store.value(
+                    "group_insert",
+                    {"name": name, "concurrency": limit.concurrency, "interval": limit.interval},
+                )
+            self._groups[name] = group_id
+            self._group_names[group_id] = name
+        return int(group_id)
+
+    def _group_name(self, group_id: int) -> str:
+        name = self._group_names.get(group_id)
+        if name is None:
+            row = self.store.db.execute("SELECT name FROM groups WHERE id = ?", (group_id,))
+            name = self._group_names[group_id] = row.fetchone()[0]
+        return name
+
+    def _limit_rules(self) -> list[LimitRule]:
+        return [
+            LimitRule(pattern=p, limit=Limit(concurrency=c, interval=i))
+            for p, c, i in self.store.run("limits_all")
+        ]
+
+    # -- frontier upkeep -------------------------------------------------------------------
+
+    def _refresh_pair(self, pair: Pair, now: float) -> None:
+        params = {"queue_id": pair[0], "group_id": pair[1], "now": now}
+        if self.store.run("refresh_pair", params).rowcount == 0:
+            self.store.run("drop_pair", params)
+
+    def _refresh_gate(self, group_id: int, now: float) -> int:
+        """Returns how many sub-queues wait on the group, i.e. whether anyone cares."""
+        return self.store.run("refresh_gate", {"group_id": group_id, "now": now}).rowcount
+
+    def _settle(self, pairs: set[Pair], gates: set[int], now: float) -> bool:
+        """Refreshes what changed; True when a group with waiting work changed its gate."""
+        opened = False
+        for group_id in gates:
+            if group_id != NO_GROUP_ID and self._refresh_gate(group_id, now):
+                opened = True
+        for pair in pairs:
+            self._refresh_pair(pair, now)
+        return opened or bool(pairs)
+
+    # -- queues ----------------------------------------------------------------------------
+
+    def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
+        with self.store.transaction():
+            for config in configs:
+                queue_id = self.store.value(
+                    "queue_upsert",
+                    {
+                        "name": config.name,
+                        "group_by": config.group_by.value,
+                        "custom_key": int(config.custom_key),
+                        "seen": int(config.seen),
+                    },
+                )
+                self.store.run("queue_counts_init", {"queue_id": queue_id})
+                self._queues[config.name] = _Queue(queue_id, config.seen)
+
+    def queues(self) -> list[QueueConfig]:
+        return [
+            QueueConfig(name=name, group_by=GroupBy(by), custom_key=bool(custom), seen=bool(seen))
+            for _, name, by, custom, seen in self.store.run("queues_all")
+        ]
+
+    # -- schedule --------------------------------------------------------------------------
+
+    def schedule(self, items: Sequence[Schedule]) -> tuple[ScheduleResult, list[str]]:
+        """Applies a batch; returns what happened and whom to wake."""
+        merged = merge(items)
+        store = self.store
+        with store.transaction():
+            now = self.clock()
+            rules: list[LimitRule] = []
+            rows = []
+            for item in merged.values():
+                queue = self._queue(item.queue)
+                if queue is None:
+                    raise UnknownQueue(item.queue)
+                digest = key_hash(item.key) if queue.seen and not item.revisit else None
+                rows.append(
+                    (
+                        queue.id,
+                        item.key,
+                        item.payload,
+                        self._group_id(item.group, rules),
+                        item.due,
+                        item.priority,
+                        item.mode.value,
+                        digest,
+                    )
+                )
+            skipped, deferred, moved, added = self._apply_batch(rows, now)
+            wake = self._wake_addresses() if added or moved else []
+        result = ScheduleResult(
+            added=added,
+            moved=moved,
+            deferred=deferred,
+            skipped_seen=skipped,
+            kept=len(rows) - skipped - added - moved - deferred,
+        )
+        return result, wake
+
+    def _apply_batch(
+        self, rows: Sequence[tuple[object, ...]], now: float
+    ) -> tuple[int, int, int, int]:
+        """Applies schedule rows (see batch_add); returns skipped, deferred, moved, added."""
+        store = self.store
+        store.run("batch_clear")
+        store.many("batch_add", rows)
+        skipped = 0
+        if any(row[7] is not None for row in rows):
+            skipped = store.run("batch_drop_seen").rowcount
+        deferred = store.run("batch_defer_running").rowcount
+        store.run("batch_touch_moved")
+        moved = store.run("batch_move_queued", {"now": now}).rowcount
+        added = store.run("batch_insert_new", {"now": now}).rowcount
+        store.run("batch_touch_ready", {"now": now})
+        pairs = set(store.run("touched_take").fetchall())
+        store.run("touched_clear")
+        for pair in pairs:
+            self._refresh_pair(pair, now)
+        return skipped, deferred, moved, added
+
+    # -- claim -----------------------------------------------------------------------------
+
+    def claim(
+        self, queues: Sequence[str], worker: str, limit: int, lease: float
+    ) -> tuple[ClaimResult, list[str]]:
+        store = self.store
+        claimed: list[Claimed] = []
+        with store.transaction():
+            now = self.clock()
+            opened = self._expire_leases(now)
+            known = [(name, q.id) for name in queues if (q := self._queue(name)) is not None]
+            for _, queue_id in known:
+                params = {"queue_id": queue_id, "now": now}
+                promoted = {g for (g,) in store.run("promote_delayed", params).fetchall()}
+                for group_id in promoted:
+                    self._refresh_pair((queue_id, group_id), now)
+                store.run("promote_frontier", params)
+            lease_until = now + lease
+            while len(claimed) < limit:
+                best: tuple[int, float, int, int, str] | None = None
+                for name, queue_id in known:
+                    row = store.run("best_head", {"queue_id": queue_id}).fetchone()
+                    if row is not None:
+                        group_id, priority, due, head = row
+                        rank = (-priority, due, head, group_id, name)
+                        if best is None or rank < best:
+                            best = rank
+                if best is None:
+                    break
+                _, _, head, group_id, name = best
+                claimed.append(self._take(name, head, group_id, worker, now, lease_until))
+            next_at = None if len(claimed) >= limit else self._next_at([q for _, q in known], now)
+            wake = self._wake_addresses() if opened else []
+        return ClaimResult(elements=claimed, next_at=next_at), wake
+
+    def _take(
+        self, queue: str, head: int, group_id: int, worker: str, now: float, lease_until: float
+    ) -> Claimed:
+        store = self.store
+        key, payload, attempts, priority, due = store.run(
+            "take_element", {"id": head, "lease_until": lease_until, "worker": worker}
+        ).fetchone()
+        queue_id = self._queues[queue].id
+        if group_id != NO_GROUP_ID:
+            store.run("mark_start", {"now": now, "group_id": group_id})
+            self._refresh_gate(group_id, now)
+        self._refresh_pair((queue_id, group_id), now)
+        return Claimed(
+            ref=head,
+            queue=queue,
+            key=key,
+            payload=payload,
+            group=self._group_name(group_id),
+            priority=priority,
+            due=due,
+            attempt=attempts,
+            claimed_at=now,
+            lease_until=lease_until,
+        )
+
+    def _expire_leases(self, now: float) -> bool:
+        """Returns to their queues the elements whose worker stopped renewing their lease."""
+        expired = self.store.run("expired_leases", {"now": now}).fetchall()
+        pairs: set[Pair] = set()
+        gates: set[int] = set()
+        for element_id, queue_id, group_id in expired:
+            self._requeue(element_id, None, now, 0, "lease expired", (queue_id, group_id), pairs)
+            gates.add(group_id)
+        return self._settle(pairs, gates, now) if expired else False
+
+    def _next_at(self, queue_ids: Sequence[int], now: float) -> float | None:
+        times = [self.store.value("next_lease_expiry")]
+        for queue_id in queue_ids:
+            params = {"queue_id": queue_id}
+            times.append(self.store.value("next_gate", params))
+            times.append(self.store.value("next_delayed", params))
+        real = [t for t in times if t is not None and t < NEVER]
+        return max(now, min(real)) if real else None
+
+    # -- finishing -------------------------------------------------------------------------
+
+    def _requeue(
+        self,
+        element_id: int,
+        due: float | None,
+        now: float,
+        attempts_delta: int,
+        error: str | None,
+        pair: Pair,
+        pairs: set[Pair],
+    ) -> None:
+        params = {
+            "id": element_id,
+            "due": due,
+            "now": now,
+            "attempts_delta": attempts_delta,
+            "error": error,
+        }
+        if due is None:
+            sql = "SELECT due FROM elements WHERE id = ?"
+            params["due"] = self.store.db.execute(sql, (element_id,)).fetchone()[0]
+        (state,) = self.store.run("requeue", params).fetchone()
+        if state == READY:
+            pairs.add(pair)
+
+    def _finish(
+        self,
+        element: Claimed,
+        row: tuple[int, int, int, float | None, int, int],
+        now: float,
+        pairs: set[Pair],
+    ) -> None:
+        """Done with an element: queued afresh if scheduled while running, else removed."""
+        queue_id, group_id, state, next_due, _, seen = row
+        if seen:
+            self.store.run("remember_seen", {"queue_id": queue_id, "h": key_hash(element.key)})
+        if state == RUNNING and next_due is not None:
+            self.store.run("requeue_pending", {"id": element.ref, "now": now})
+            if next_due <= now:
+                pairs.add((queue_id, group_id))
+        else:
+            self.store.run("delete_element", {"id": element.ref})
+            if state == READY:
+                pairs.add((queue_id, group_id))
+
+    def _leased(self, element: Claimed) -> tuple[int, int, int, float | None, int, int] | None:
+        row = self.store.run("lookup_lease", {"id": element.ref, "attempt": element.attempt})
+        found: tuple[int, int, int, float | None, int, int] | None = row.fetchone()
+        return found
+
+    def ack(self, elements: Sequence[Claimed]) -> list[str]:
+        pairs: set[Pair] = set()
+        gates: set[int] = set()
+        with self.store.transaction():
+            now = self.clock()
+            for element in elements:
+                row = self._leased(element)
+                if row is None:
+                    continue
+                if row[2] == RUNNING:
+                    gates.add(row[1])
+                self._finish(element, row, now, pairs)
+            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+
+    def fail(self, failures: Sequence[Failure]) -> list[str]:
+        pairs: set[Pair] = set()
+        gates: set[int] = set()
+        with self.store.transaction():
+            now = self.clock()
+            for failure in failures:
+                element = failure.element
+                row = self._leased(element)
+                if row is None or row[2] != RUNNING:
+                    continue
+                pair = (row[0], row[1])
+                gates.add(row[1])
+                if failure.retry_at is not None:
+                    self._requeue(element.ref, failure.retry_at, now, 0, failure.error, pair, pairs)
+                else:
+                    params = {
+                        "id": element.ref,
+                        "error": failure.error,
+                        "traceback": failure.traceback,
+                        "now": now,
+                    }
+                    self.store.run("bury", params)
+                    self._finish(element, row, now, pairs)
+            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+
+    def release(self, elements: Sequence[Claimed]) -> list[str]:
+        pairs: set[Pair] = set()
+        gates: set[int] = set()
+        with self.store.transaction():
+            now = self.clock()
+            for element in elements:
+                row = self._leased(element)
+                if row is None or row[2] != RUNNING:
+                    continue
+                gates.add(row[1])
+                self._requeue(element.ref, element.due, now, -1, None, (row[0], row[1]), pairs)
+            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+
+    def heartbeat(self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float) -> None:
+        with self.store.transaction():
+            now = self.clock()
+            until = now + lease
+            self.store.many(
+                "extend_lease",
+                [{"id": e.ref, "attempt": e.attempt, "lease_until": until} for e in elements],
+            )
+            self.store.run("worker_heartbeat", {"id": worker.id, "now": now})
+            self.store.run("workers_prune", {"before": now - WORKER_TTL})
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _wake_addresses(self) -> list[str]:
+        return [address for (address,) in self.store.run("wake_addresses")]
+
+    def register_worker(self, worker: WorkerInfo) -> None:
+        with self.store.transaction():
+            now = self.clock()
+            self.store.run("workers_prune", {"before": now - WORKER_TTL})
+            self.store.run(
+                "worker_upsert",
+                {
+                    "id": worker.id,
+                    "host": worker.host,
+                    "pid": worker.pid,
+                    "queues": ",".join(worker.queues),
+                    "now": now,
+                    "wake_address": worker.wake_address,
+                },
+            )
+
+    def unregister_worker(self, worker_id: str) -> None:
+        with self.store.transaction():
+            self.store.run("worker_delete", {"id": worker_id})
+
+    def workers(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(
+                id=wid,
+                host=host,
+                pid=pid,
+                queues=tuple(q for q in queues.split(",") if q),
+                started=started,
+                heartbeat=beat,
+                wake_address=address,
+                running=running,
+            )
+            for wid, host, pid, queues, started, beat, address, running in self.store.run(
+                "workers_all"
+            )
+        ]
+
+    # -- limits and blocks ----------------------------------------------------------------
+
+    def limits(self) -> list[LimitRule]:
+        return self._limit_rules()
+
+    def set_limits(
+        self, rules: Sequence[LimitRule], delete: str | None = None
+    ) -> tuple[bool, list[str]]:
+        with self.store.transaction():
+            now = self.clock()
+            deleted = False
+            if delete is not None:
+                deleted = self.store.run("limit_delete", {"pattern": delete}).rowcount > 0
+            for rule in rules:
+                self.store.run(
+                    "limit_set",
+                    {
+                        "pattern": rule.pattern,
+                        "concurrency": rule.limit.concurrency,
+                        "interval": rule.limit.interval,
+                    },
+                )
+            current = self._limit_rules()
+            changed: set[int] = set()
+            for group_id, name, concurrency, interval in self.store.run("groups_all").fetchall():
+                limit = resolve(name, current)
+                if (limit.concurrency, limit.interval) != (concurrency, interval):
+                    params = {
+                        "group_id": group_id,
+                        "concurrency": limit.concurrency,
+                        "interval": limit.interval,
+                    }
+                    self.store.run("group_set_limit", params)
+                    changed.add(group_id)
+            opened = self._settle(set(), changed, now)
+            return deleted, self._wake_addresses() if opened else []
+
+    def block_group(self, group: str, until: float | None, reason: str | None) -> list[str]:
+        with self.store.transaction():
+            now = self.clock()
+            group_id = self._group_id(group, [])
+            self.store.run(
+                "group_block",
+                {"group_id": group_id, "until": until, "reason": reason if until else None},
+            )
+            opened = self._settle(set(), {group_id}, now)
+            return self._wake_addresses() if opened else []
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def queue_stats(self, names: Sequence[str] | None) -> list[QueueStats]:
+        now = self.clock()
+        stats = []
+        for queue_id, name, *_ in self.store.run("queues_all").fetchall():
+            if names is not None and name not in names:
+                continue
+            counts = dict.fromkeys((DELAYED, READY, RUNNING, DEAD), 0)
+            counts.update(self.store.run("queue_counts", {"queue_id": queue_id}).fetchall())
+            overdue = self.store.value("queue_overdue", {"queue_id": queue_id, "now": now})
+            stats.append(
+                QueueStats(
+                    name=name,
+                    total=counts[DELAYED] + counts[READY] + counts[RUNNING],
+                    due=counts[READY] + overdue,
+                    delayed=counts[DELAYED] - overdue,
+                    running=counts[RUNNING],
+                    dead=counts[DEAD],
+                )
+            )
+        return stats
+
+    def group_stats(self, pattern: str, limit: int, include_idle: bool) -> list[GroupStats]:
+        params = {"pattern": pattern, "limit": limit, "all": int(include_idle)}
+        stats = []
+        for name, queued, running, concurrency, interval, last, blocked, reason in self.store.run(
+            "group_stats", params
+        ):
+            limit_ = Limit(concurrency=concurrency, interval=interval) if name else UNLIMITED
+            next_start = last + interval if last is not None and interval else None
+            stats.append(
+                GroupStats(
+                    name=name,
+                    queued=queued,
+                    running=running,
+                    limit=limit_,
+                    next_start=next_start,
+                    blocked_until=blocked,
+                    block_reason=reason,
+                )
+            )
+        return stats
+
+    # -- dead letters -----------------------------------------------------------------------
+
+    def dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
+        found = self._queue(queue)
+        if found is None:
+            raise UnknownQueue(queue)
+        rows = self.store.run(
+            "dead_list", {"queue_id": found.id, "limit": limit, "offset": offset}
+        ).fetchall()
+        return [
+            DeadLetter(
+                queue=queue,
+                key=key,
+                payload=payload,
+                group=group,
+                attempts=attempts,
+                error=error,
+                traceback=tb,
+                died_at=died,
+            )
+            for key, payload, group, attempts, error, tb, died in rows
+        ]
+
+    def take_dead(
+        self, queue: str, keys: Sequence[str] | None, requeue: bool
+    ) -> tuple[int, list[str]]:
+        found = self._queue(queue)
+        if found is None:
+            raise UnknownQueue(queue)
+        with self.store.transaction():
+            now = self.clock()
+            if keys is None:
+                rows = self.store.run(
+                    "dead_take_all", {"queue_id": found.id, "limit": -1}
+                ).fetchall()
+            else:
+                rows = []
+                for key in keys:
+                    rows.extend(
+                        self.store.run("dead_take", {"queue_id": found.id, "key": key}).fetchall()
+                    )
+            if not requeue or not rows:
+                return len(rows), []
+            self._apply_batch(
+                [
+                    (found.id, key, payload, gid, now, 0, Mode.OVERWRITE.value, None)
+                    for key, payload, gid in rows
+                ],
+                now,
+            )
+            return len(rows), self._wake_addresses()

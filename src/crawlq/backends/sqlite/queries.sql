@@ -1,0 +1,260 @@
+-- Named queries of the SQLite backend, loaded by name (`-- name: x`). Parameters are named.
+-- Tables: see migrations/. Temp tables `batch` and `touched` live per connection.
+
+-- name: create_temp_tables
+CREATE TEMP TABLE IF NOT EXISTS batch (
+    queue_id INTEGER NOT NULL, key TEXT NOT NULL, payload TEXT, group_id INTEGER NOT NULL,
+    due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER,
+    PRIMARY KEY (queue_id, key)
+);
+CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INTEGER NOT NULL);
+
+-- name: batch_clear
+DELETE FROM temp.batch;
+
+-- name: batch_add
+INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: batch_drop_seen
+-- Keys finished before (and not queued now) are skipped unless a revisit was asked (h NULL).
+DELETE FROM temp.batch
+ WHERE h IS NOT NULL
+   AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h)
+   AND NOT EXISTS (SELECT 1 FROM elements e WHERE e.queue_id = batch.queue_id AND e.key = batch.key);
+
+-- name: batch_defer_running
+-- A running element is never started twice: remember the new schedule for when it finishes.
+UPDATE elements SET next_due = b.due, next_priority = b.priority
+  FROM temp.batch b
+ WHERE elements.queue_id = b.queue_id AND elements.key = b.key AND elements.state = 2
+   AND (b.mode = 0 OR (b.mode = 1 AND (elements.next_due IS NULL OR b.due < elements.next_due)));
+
+-- name: batch_touch_moved
+INSERT INTO temp.touched (queue_id, group_id)
+SELECT e.queue_id, e.group_id
+  FROM temp.batch b JOIN elements e ON e.queue_id = b.queue_id AND e.key = b.key
+ WHERE e.state < 2 AND (b.mode = 0 OR (b.mode = 1 AND b.due < e.due));
+
+-- name: batch_move_queued
+UPDATE elements
+   SET due = b.due, priority = b.priority, payload = b.payload, group_id = b.group_id,
+       state = CASE WHEN b.due > :now THEN 0 ELSE 1 END
+  FROM temp.batch b
+ WHERE elements.queue_id = b.queue_id AND elements.key = b.key AND elements.state < 2
+   AND (b.mode = 0 OR (b.mode = 1 AND b.due < elements.due));
+
+-- name: batch_insert_new
+INSERT INTO elements (queue_id, key, payload, group_id, priority, due, state)
+SELECT queue_id, key, payload, group_id, priority, due, CASE WHEN due > :now THEN 0 ELSE 1 END
+  FROM temp.batch WHERE true
+    ON CONFLICT (queue_id, key) DO NOTHING;
+
+-- name: batch_touch_ready
+INSERT INTO temp.touched (queue_id, group_id)
+SELECT DISTINCT queue_id, group_id FROM temp.batch WHERE due <= :now;
+
+-- name: touched_take
+SELECT DISTINCT queue_id, group_id FROM temp.touched;
+
+-- name: touched_clear
+DELETE FROM temp.touched;
+
+-- name: refresh_pair
+-- Sets the head of one (queue, group) sub-queue and its group's gate; the caller drops the row
+-- when this inserts nothing (no ready element left).
+INSERT INTO frontier (queue_id, group_id, priority, due, head, wake_at, active)
+SELECT e.queue_id, e.group_id, e.priority, e.due, e.id, g.gate, g.gate <= :now
+  FROM elements e JOIN group_gate g ON g.id = e.group_id
+ WHERE e.queue_id = :queue_id AND e.group_id = :group_id AND e.state = 1
+ ORDER BY e.priority DESC, e.due, e.id
+ LIMIT 1
+    ON CONFLICT (queue_id, group_id) DO UPDATE
+   SET priority = excluded.priority, due = excluded.due, head = excluded.head,
+       wake_at = excluded.wake_at, active = excluded.active;
+
+-- name: drop_pair
+DELETE FROM frontier WHERE queue_id = :queue_id AND group_id = :group_id;
+
+-- name: refresh_gate
+-- The group's limits or state changed: every sub-queue of it waits for its new gate.
+UPDATE frontier SET wake_at = g.gate, active = g.gate <= :now
+  FROM (SELECT gate FROM group_gate WHERE id = :group_id) AS g
+ WHERE frontier.group_id = :group_id;
+
+-- name: expired_leases
+SELECT id, queue_id, group_id FROM elements
+ WHERE state = 2 AND lease_until < :now
+ LIMIT 200;
+
+-- name: promote_delayed
+UPDATE elements SET state = 1
+ WHERE id IN (SELECT id FROM elements WHERE queue_id = :queue_id AND state = 0 AND due <= :now
+               ORDER BY due LIMIT 5000)
+RETURNING group_id;
+
+-- name: promote_frontier
+UPDATE frontier SET active = 1 WHERE queue_id = :queue_id AND active = 0 AND wake_at <= :now;
+
+-- name: best_head
+SELECT group_id, priority, due, head FROM frontier
+ WHERE queue_id = :queue_id AND active = 1
+ ORDER BY priority DESC, due, head
+ LIMIT 1;
+
+-- name: take_element
+UPDATE elements
+   SET state = 2, attempts = attempts + 1, lease_until = :lease_until, worker = :worker
+ WHERE id = :id
+RETURNING key, coalesce(payload, key), attempts, priority, due;
+
+-- name: mark_start
+UPDATE groups SET last_start = :now WHERE id = :group_id RETURNING name, interval;
+
+-- name: next_gate
+SELECT min(wake_at) FROM frontier WHERE queue_id = :queue_id AND active = 0;
+
+-- name: next_delayed
+SELECT min(due) FROM elements WHERE queue_id = :queue_id AND state = 0;
+
+-- name: next_lease_expiry
+SELECT min(lease_until) FROM elements WHERE state = 2;
+
+-- name: lookup_lease
+-- `attempts` fences the lease: an ack from a run whose lease expired and was re-run is stale.
+SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen
+  FROM elements e JOIN queues q ON q.id = e.queue_id
+ WHERE e.id = :id AND e.attempts = :attempt;
+
+-- name: requeue
+-- Back to the queue at `due` (or at the schedule that arrived while it ran).
+UPDATE elements
+   SET due = coalesce(next_due, :due), priority = coalesce(next_priority, priority),
+       state = CASE WHEN coalesce(next_due, :due) > :now THEN 0 ELSE 1 END,
+       attempts = CASE WHEN next_due IS NULL THEN attempts + :attempts_delta ELSE 0 END,
+       next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
+       error = coalesce(:error, error)
+ WHERE id = :id
+RETURNING state;
+
+-- name: requeue_pending
+-- Finished, but scheduled again while running: queued afresh at that schedule.
+UPDATE elements
+   SET due = next_due, priority = next_priority,
+       state = CASE WHEN next_due > :now THEN 0 ELSE 1 END,
+       attempts = 0, next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
+       error = NULL
+ WHERE id = :id;
+
+-- name: delete_element
+DELETE FROM elements WHERE id = :id;
+
+-- name: remember_seen
+INSERT OR IGNORE INTO seen (queue_id, h) VALUES (:queue_id, :h);
+
+-- name: element_key
+SELECT key FROM elements WHERE id = :id;
+
+-- name: bury
+INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at)
+SELECT queue_id, key, payload, group_id, attempts, :error, :traceback, :now
+  FROM elements WHERE id = :id
+    ON CONFLICT (queue_id, key) DO UPDATE
+   SET payload = excluded.payload, group_id = excluded.group_id, attempts = excluded.attempts,
+       error = excluded.error, traceback = excluded.traceback, died_at = excluded.died_at;
+
+-- name: extend_lease
+UPDATE elements SET lease_until = :lease_until
+ WHERE id = :id AND attempts = :attempt AND state = 2;
+
+-- name: group_by_name
+SELECT id FROM groups WHERE name = :name;
+
+-- name: group_insert
+INSERT INTO groups (name, concurrency, interval) VALUES (:name, :concurrency, :interval)
+RETURNING id;
+
+-- name: group_set_limit
+UPDATE groups SET concurrency = :concurrency, interval = :interval WHERE id = :group_id;
+
+-- name: group_block
+UPDATE groups SET blocked_until = :until, block_reason = :reason WHERE id = :group_id;
+
+-- name: groups_all
+SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
+
+-- name: limits_all
+SELECT pattern, concurrency, interval FROM limits ORDER BY pattern;
+
+-- name: limit_set
+INSERT INTO limits (pattern, concurrency, interval) VALUES (:pattern, :concurrency, :interval)
+    ON CONFLICT (pattern) DO UPDATE SET concurrency = excluded.concurrency, interval = excluded.interval;
+
+-- name: limit_delete
+DELETE FROM limits WHERE pattern = :pattern;
+
+-- name: queue_by_name
+SELECT id, group_by, custom_key, seen FROM queues WHERE name = :name;
+
+-- name: queue_upsert
+INSERT INTO queues (name, group_by, custom_key, seen) VALUES (:name, :group_by, :custom_key, :seen)
+    ON CONFLICT (name) DO UPDATE
+   SET group_by = excluded.group_by, custom_key = excluded.custom_key, seen = excluded.seen
+RETURNING id;
+
+-- name: queue_counts_init
+INSERT OR IGNORE INTO counts (queue_id, state) VALUES (:queue_id, 0), (:queue_id, 1), (:queue_id, 2), (:queue_id, 3);
+
+-- name: queues_all
+SELECT id, name, group_by, custom_key, seen FROM queues ORDER BY name;
+
+-- name: queue_counts
+SELECT state, n FROM counts WHERE queue_id = :queue_id;
+
+-- name: queue_overdue
+SELECT count(*) FROM elements WHERE queue_id = :queue_id AND state = 0 AND due <= :now;
+
+-- name: group_stats
+SELECT g.name, g.queued, g.running, g.concurrency, g.interval, g.last_start,
+       g.blocked_until, g.block_reason
+  FROM groups g
+ WHERE g.id != 0 AND g.name GLOB :pattern AND (g.queued > 0 OR g.running > 0 OR :all)
+ ORDER BY g.running DESC, g.queued DESC, g.name
+ LIMIT :limit;
+
+-- name: dead_list
+SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at
+  FROM dead d JOIN groups g ON g.id = d.group_id
+ WHERE d.queue_id = :queue_id
+ ORDER BY d.died_at DESC, d.id DESC
+ LIMIT :limit OFFSET :offset;
+
+-- name: dead_take
+DELETE FROM dead WHERE queue_id = :queue_id AND key = :key
+RETURNING key, payload, group_id;
+
+-- name: dead_take_all
+DELETE FROM dead WHERE id IN (SELECT id FROM dead WHERE queue_id = :queue_id LIMIT :limit)
+RETURNING key, payload, group_id;
+
+-- name: worker_upsert
+INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address)
+VALUES (:id, :host, :pid, :queues, :now, :now, :wake_address)
+    ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat;
+
+-- name: worker_heartbeat
+UPDATE workers SET heartbeat = :now WHERE id = :id;
+
+-- name: worker_delete
+DELETE FROM workers WHERE id = :id;
+
+-- name: workers_prune
+DELETE FROM workers WHERE heartbeat < :before;
+
+-- name: workers_all
+SELECT w.id, w.host, w.pid, w.queues, w.started, w.heartbeat, w.wake_address,
+       (SELECT count(*) FROM elements e WHERE e.worker = w.id AND e.state = 2)
+  FROM workers w ORDER BY w.started;
+
+-- name: wake_addresses
+SELECT wake_address FROM workers WHERE wake_address != '';

@@ -1,0 +1,157 @@
+"""The SQLite connection: opening, schema migrations, named queries, and transactions.
+
+One `Store` belongs to one thread. Several processes may share the file: WAL mode lets readers
+run beside the one writer, and every change takes the write lock first (BEGIN IMMEDIATE), so
+two claims never interleave.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ...errors import BackendCorrupt, BackendError, BackendUnavailable
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 60_000
+
+
+def _load_queries() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("queries.sql").read_text()
+    queries: dict[str, str] = {}
+    for chunk in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:]:
+        name, _, body = chunk.partition("\n")
+        queries[name.strip()] = body.strip()
+    return queries
+
+
+def _migrations() -> list[tuple[int, str]]:
+    folder = resources.files(__package__).joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_\w+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.read_text()))
+    return sorted(found)
+
+
+QUERIES = _load_queries()
+MIGRATIONS = _migrations()
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def translate(exc: sqlite3.Error, path: str) -> BackendError:
+    """A driver error as the crawlq error a person can act on."""
+    message = str(exc)
+    if isinstance(exc, sqlite3.DatabaseError) and (
+        "malformed" in message or "not a database" in message or "disk image" in message
+    ):
+        return BackendCorrupt(f"SQLite database {path} is damaged: {message}")
+    if "unable to open" in message or "readonly" in message:
+        return BackendUnavailable(f"cannot open SQLite database {path}: {message}")
+    if "locked" in message or "busy" in message:
+        return BackendUnavailable(f"SQLite database {path} stayed locked: {message}")
+    return BackendError(f"SQLite database {path}: {message}")
+
+
+class Store:
+    """A migrated connection with named queries; not thread-safe, one per thread."""
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        self.path = path
+        self._check_file(create)
+        try:
+            self.db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.execute("PRAGMA cache_size = -65536")
+            self.db.execute("PRAGMA temp_store = MEMORY")
+            self._migrate()
+            self.db.executescript(QUERIES["create_temp_tables"])
+        except sqlite3.Error as exc:
+            raise translate(exc, path) from exc
+
+    def _check_file(self, create: bool) -> None:
+        file = Path(self.path)
+        if not file.parent.is_dir():
+            raise BackendUnavailable(f"cannot create SQLite database {self.path}: no such folder")
+        if not file.exists():
+            if not create:
+                raise BackendUnavailable(f"no crawlq database at {self.path}")
+            return
+        if file.is_dir():
+            raise BackendUnavailable(f"{self.path} is a folder, not a SQLite database")
+        with file.open("rb") as handle:
+            head = handle.read(len(SQLITE_MAGIC))
+        if head and head != SQLITE_MAGIC:
+            raise BackendCorrupt(f"{self.path} is not a SQLite database")
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise BackendError(
+                    f"{self.path} has schema {version}, newer than this crawlq knows"
+                    f" ({SCHEMA_VERSION}): upgrade crawlq"
+                )
+            if version == 0 and self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise BackendCorrupt(f"{self.path} is a SQLite database, but not crawlq's")
+            for number, script in MIGRATIONS:
+                if number > version:
+                    for statement in _statements(script):
+                        self.db.execute(statement)
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Takes the write lock now, so that reads inside decide on the latest state."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def run(self, name: str, params: Any = ()) -> sqlite3.Cursor:
+        return self.db.execute(QUERIES[name], params)
+
+    def many(self, name: str, rows: Any) -> sqlite3.Cursor:
+        return self.db.executemany(QUERIES[name], rows)
+
+    def value(self, name: str, params: Any = ()) -> Any:
+        row = self.db.execute(QUERIES[name], params).fetchone()
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _statements(script: str) -> Iterator[str]:
+    """Splits a migration into statements, keeping trigger bodies whole."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--") and not buffer.strip():
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            yield buffer.strip()
+            buffer = ""
+    if buffer.strip():
+        yield buffer.strip()

@@ -1,0 +1,298 @@
+"""Looking inside and steering a backend: `stats`, `dead`, `limits`."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+from ..limits import check_pattern
+from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
+from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=False))
+        )
+        for row in cells
+    )
+
+
+def _when(moment: float | None, now: float) -> str:
+    if moment is None or moment <= now:
+        return "-"
+    return f"in {moment - now:.1f}s"
+
+
+def _limit_text(limit: Limit) -> str:
+    concurrency = "unlimited" if limit.concurrency is None else str(limit.concurrency)
+    return f"{concurrency} at once, {limit.interval:g}s apart"
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--groups", "group_count", default=10, show_default=True, help="Busiest groups shown."
+)
+@app_option
+@backend_option
+def stats(as_json: bool, group_count: int, app_spec: str | None, backend_url: str | None) -> None:
+    """Queues, their busiest groups, and live workers."""
+    _, url = resolve_url(app_spec, backend_url)
+
+    async def main() -> tuple[list[QueueStats], list[GroupStats], list[WorkerInfo], float]:
+        async with connected(url) as backend:
+            return (
+                await backend.queue_stats(),
+                await backend.group_stats(limit=group_count),
+                await backend.workers(),
+                backend.now(),
+            )
+
+    queues, groups, workers, now = run(main)
+    if as_json:
+        echo_json(
+            {
+                "queues": [dataclasses.asdict(q) for q in queues],
+                "groups": [dataclasses.asdict(g) for g in groups],
+                "workers": [
+                    {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"}
+                    for w in workers
+                ],
+            }
+        )
+        return
+    click.echo(
+        _table(
+            ["queue", "total", "due", "delayed", "running", "dead"],
+            [[q.name, q.total, q.due, q.delayed, q.running, q.dead] for q in queues],
+        )
+        if queues
+        else "no queues"
+    )
+    if groups:
+        click.echo()
+        click.echo(
+            _table(
+                ["group", "queued", "running", "limit", "next start", "blocked"],
+                [
+                    [
+                        g.name or "(none)",
+                        g.queued,
+                        g.running,
+                        _limit_text(g.limit),
+                        _when(g.next_start, now),
+                        f"{_when(g.blocked_until, now)} {g.block_reason or ''}".strip()
+                        if g.blocked_until and g.blocked_until > now
+                        else "-",
+                    ]
+                    for g in groups
+                ],
+            )
+        )
+    click.echo()
+    click.echo(
+        _table(
+            ["worker", "pid", "running", "heartbeat"],
+            [[w.id, w.pid, w.running, f"{now - w.heartbeat:.0f}s ago"] for w in workers],
+        )
+        if workers
+        else "no live workers"
+    )
+
+
+@click.group(cls=Group)
+def dead() -> None:
+    """Elements that failed every attempt: list, re-queue or purge them."""
+
+
+@dead.command("list")
+@click.argument("queue")
+@click.option("--limit", default=20, show_default=True)
+@click.option("--offset", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, tracebacks included.")
+@backend_option
+@app_option
+def dead_list(
+    queue: str,
+    limit: int,
+    offset: int,
+    as_json: bool,
+    backend_url: str | None,
+    app_spec: str | None,
+) -> None:
+    """Dead elements of QUEUE, newest first."""
+    _, url = resolve_url(app_spec, backend_url)
+
+    async def main() -> list[Any]:
+        async with connected(url) as backend:
+            return await backend.dead_letters(queue, limit=limit, offset=offset)
+
+    letters = run(main)
+    if as_json:
+        echo_json([dataclasses.asdict(d) for d in letters])
+        return
+    if not letters:
+        click.echo(f"no dead elements in {queue}")
+    for d in letters:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.died_at))
+        click.echo(f"{when}  attempts={d.attempts}  {d.payload}\n    {d.error}")
+
+
+def _take(queue: str, keys: tuple[str, ...], all_: bool, url: str, requeue: bool) -> int:
+    if not keys and not all_:
+        raise click.UsageError("name the KEYs (canonical JSON, as `dead list` shows) or pass --all")
+
+    async def main() -> int:
+        async with connected(url) as backend:
+            chosen = None if all_ else list(keys)
+            if requeue:
+                return await backend.requeue_dead(queue, chosen)
+            return await backend.purge_dead(queue, chosen)
+
+    return run(main)
+
+
+@dead.command("requeue")
+@click.argument("queue")
+@click.argument("keys", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead element of QUEUE.")
+@backend_option
+@app_option
+def dead_requeue(
+    queue: str, keys: tuple[str, ...], all_: bool, backend_url: str | None, app_spec: str | None
+) -> None:
+    """Queue dead elements again, due now, with fresh attempts."""
+    _, url = resolve_url(app_spec, backend_url)
+    click.echo(f"requeued {_take(queue, keys, all_, url, True)}")
+
+
+@dead.command("purge")
+@click.argument("queue")
+@click.argument("keys", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead element of QUEUE.")
+@backend_option
+@app_option
+def dead_purge(
+    queue: str, keys: tuple[str, ...], all_: bool, backend_url: str | None, app_spec: str | None
+) -> None:
+    """Delete dead elements for good."""
+    _, url = resolve_url(app_spec, backend_url)
+    click.echo(f"purged {_take(queue, keys, all_, url, False)}")
+
+
+@click.group(cls=Group, invoke_without_command=True)
+@backend_option
+@app_option
+@click.pass_context
+def limits(ctx: click.Context, backend_url: str | None, app_spec: str | None) -> None:
+    """Per-group politeness rules (glob patterns); changes apply to running workers at once."""
+    ctx.obj = resolve_url(app_spec, backend_url)[1]
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(limits_list)
+
+
+@limits.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def limits_list(url: str, as_json: bool = False) -> None:
+    """The rules, most general first."""
+
+    async def main() -> list[LimitRule]:
+        async with connected(url) as backend:
+            return await backend.limits()
+
+    rules = run(main)
+    if as_json:
+        echo_json([dataclasses.asdict(r) for r in rules])
+        return
+    click.echo(
+        _table(
+            ["pattern", "concurrency", "interval"],
+            [
+                [r.pattern, r.limit.concurrency or "unlimited", f"{r.limit.interval:g}s"]
+                for r in rules
+            ],
+        )
+    )
+
+
+@limits.command("set")
+@click.argument("pattern")
+@click.option(
+    "--concurrency", type=int, default=None, help="In flight at once (default unlimited)."
+)
+@click.option(
+    "--interval", type=float, default=0.0, show_default=True, help="Seconds between starts."
+)
+@click.pass_obj
+def limits_set(url: str, pattern: str, concurrency: int | None, interval: float) -> None:
+    """Add or replace the rule for PATTERN (e.g. '*.example.com')."""
+    try:
+        rule = LimitRule(
+            pattern=check_pattern(pattern),
+            limit=Limit(concurrency=concurrency, interval=interval),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"limit {pattern!r}: {exc}") from None
+
+    async def main() -> None:
+        async with connected(url) as backend:
+            await backend.set_limits([rule])
+
+    run(main)
+    click.echo(f"{rule.pattern}: {_limit_text(rule.limit)}")
+
+
+@limits.command("delete")
+@click.argument("pattern")
+@click.pass_obj
+def limits_delete(url: str, pattern: str) -> None:
+    """Remove the rule for PATTERN."""
+
+    async def main() -> bool:
+        async with connected(url) as backend:
+            return await backend.delete_limit(pattern)
+
+    if not run(main):
+        raise ConfigError(f"no limit rule {pattern!r}")
+    click.echo(f"deleted {pattern}")
+
+
+@limits.command("block")
+@click.argument("group")
+@click.option("--for", "seconds", type=float, required=True, help="Seconds from now.")
+@click.option("--reason", default="blocked by hand", show_default=True)
+@click.pass_obj
+def limits_block(url: str, group: str, seconds: float, reason: str) -> None:
+    """Start nothing of GROUP (a host) for a while."""
+
+    async def main() -> None:
+        async with connected(url) as backend:
+            await backend.block_group(group, backend.now() + seconds, reason)
+
+    run(main)
+    click.echo(f"{group} blocked for {seconds:g}s")
+
+
+@limits.command("unblock")
+@click.argument("group")
+@click.pass_obj
+def limits_unblock(url: str, group: str) -> None:
+    """Lift a block on GROUP."""
+
+    async def main() -> None:
+        async with connected(url) as backend:
+            await backend.block_group(group, None, None)
+
+    run(main)
+    click.echo(f"{group} unblocked")

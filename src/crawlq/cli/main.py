@@ -1,0 +1,204 @@
+"""`crawlq`: run workers, schedule work, and look inside queues."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import click
+
+from ..app import App
+from ..identity import parse_json
+from ..types import JSON, ScheduleResult
+from ..worker import DEFAULT_CONCURRENCY, Worker, supervise
+from .common import (
+    Group,
+    app_option,
+    backend_option,
+    connected,
+    load_app,
+    log_level_option,
+    resolve_url,
+    run,
+    setup_logging,
+)
+from .inspect import dead, limits, stats
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="crawlq")
+def cli() -> None:
+    """crawlq: a durable, polite queue for crawling, scraping and ETL jobs."""
+
+
+@cli.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.option("-q", "--queue", "queues", multiple=True, help="Run only these queues (repeatable).")
+@click.option(
+    "-c",
+    "--concurrency",
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="Tasks run at once by each process.",
+)
+@click.option("-p", "--processes", default=1, show_default=True, help="Worker processes.")
+@click.option("--burst", is_flag=True, help="Exit once nothing is left to run.")
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    help="Seconds running tasks get to finish on SIGTERM/SIGINT.",
+)
+@log_level_option
+def worker(
+    app_spec: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    processes: int,
+    burst: bool,
+    grace: float,
+    log_level: str,
+) -> None:
+    """Run the tasks of MODULE:APP until stopped (or until done, with --burst)."""
+    setup_logging(log_level)
+    if processes < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--processes")
+    if processes > 1 and "CRAWLQ_CHILD" not in os.environ:
+        load_app(app_spec)  # fail here, once, rather than in every child
+        child_args = [app_spec, "-c", str(concurrency), "--grace", str(grace)]
+        child_args += ["--log-level", log_level, *(f"--queue={q}" for q in queues)]
+        if burst:
+            child_args.append("--burst")
+        sys.exit(supervise(child_args, processes, restart=not burst))
+    app = load_app(app_spec)
+
+    async def main() -> None:
+        runner = Worker(
+            app, queues=list(queues) or None, concurrency=concurrency, burst=burst, grace=grace
+        )
+        runner.install_signal_handlers()
+        try:
+            result = await runner.run()
+        finally:
+            await app.aclose()
+        if burst:
+            click.echo(
+                f"done {result.done}, failed {result.failed} (dead {result.dead}),"
+                f" returned {result.released}",
+                err=True,
+            )
+
+    run(main)
+
+
+def _read_elements(elements: tuple[str, ...], file: click.File | None, text: bool) -> list[JSON]:
+    raw: list[str] = list(elements)
+    if file is not None:
+        raw += [line for line in file.read().splitlines() if line.strip()]  # type: ignore[attr-defined]
+    if not raw:
+        raise click.UsageError("give at least one ELEMENT, or --file")
+    if text:
+        return list(raw)
+    return [parse_json(item) for item in raw]
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("elements", nargs=-1, metavar="ELEMENT...")
+@click.option("--file", type=click.File("r"), help="Also read elements from this file, one a line.")
+@click.option("--text", is_flag=True, help="Elements are plain strings (URLs), not JSON.")
+@click.option("--delay", default=0.0, show_default=True, help="Seconds until the elements are due.")
+@click.option(
+    "--priority", default=0, show_default=True, help="Higher runs first among due elements."
+)
+@click.option("--only-if-earlier", is_flag=True, help="Move a queued element only forward in time.")
+@click.option("--only-if-new", is_flag=True, help="Keep an element that is already queued.")
+@click.option("--revisit", is_flag=True, help="Schedule even if the queue has seen it finish.")
+@app_option
+@backend_option
+def schedule(
+    queue: str,
+    elements: tuple[str, ...],
+    file: click.File | None,
+    text: bool,
+    delay: float,
+    priority: int,
+    only_if_earlier: bool,
+    only_if_new: bool,
+    revisit: bool,
+    app_spec: str | None,
+    backend_url: str | None,
+) -> None:
+    """Add ELEMENTs (JSON) to QUEUE, or move them if they are already queued."""
+    values = _read_elements(elements, file, text)
+    app, url = resolve_url(app_spec, backend_url)
+    options: dict[str, Any] = {
+        "seconds": delay,
+        "priority": priority,
+        "only_if_earlier": only_if_earlier,
+        "only_if_new": only_if_new,
+        "revisit": revisit,
+    }
+
+    async def main() -> ScheduleResult:
+        async with connected(url) as backend:
+            if app is not None:
+                await app.publish(backend)
+            return await (app or App(url)).aschedule_many(queue, values, backend=backend, **options)
+
+    _report(run(main))
+
+
+def _report(result: ScheduleResult) -> None:
+    click.echo(
+        f"added {result.added}, moved {result.moved}, kept {result.kept},"
+        f" deferred {result.deferred} (running), skipped {result.skipped_seen} (seen)"
+    )
+
+
+@cli.command()
+@click.argument("app_spec", metavar="MODULE:APP")
+@click.argument("tasks", nargs=-1, metavar="[TASK]...")
+@click.option("--element", default="null", show_default=True, help="JSON handed to the tasks.")
+def start(app_spec: str, tasks: tuple[str, ...], element: str) -> None:
+    """Schedule the starting tasks of MODULE:APP (all of them, or those named)."""
+    app = load_app(app_spec)
+    value = parse_json(element)
+    chosen = [app.tasks[t] for t in tasks if t in app.tasks] if tasks else app.start_tasks
+    missing = [t for t in tasks if t not in app.tasks]
+    if missing:
+        raise click.UsageError(f"no task named {', '.join(missing)} in {app_spec}")
+    if not chosen:
+        raise click.UsageError(f"{app_spec} has no task marked start=True; name one")
+
+    async def main() -> ScheduleResult:
+        async with connected(app.url, create=True) as backend:
+            await app.publish(backend)
+            total = ScheduleResult()
+            for task in chosen:
+                total += await app.aschedule_many(task, [value], backend=backend)
+            return total
+
+    _report(run(main))
+
+
+@cli.command()
+@click.option("--db", default="crawlq-demo.db", show_default=True, help="SQLite file of the demo.")
+@click.option("--sites", default=20, show_default=True, help="Simulated web sites.")
+@click.option("--pages", default=50, show_default=True, help="Pages per site.")
+def demo(db: str, sites: int, pages: int) -> None:
+    """Crawl a simulated web politely: recursive discovery, limits, retries, dead letters."""
+    from ..demo import run_demo
+
+    asyncio.run(run_demo(db, sites=sites, pages=pages))
+
+
+cli.add_command(stats)
+cli.add_command(dead)
+cli.add_command(limits)
+
+
+def main() -> None:
+    cli(prog_name="crawlq")

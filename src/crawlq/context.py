@@ -1,0 +1,102 @@
+"""What a running task sees: its element, its attempt, and a way to schedule follow-up work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .types import JSON, Claimed, ScheduleResult
+
+if TYPE_CHECKING:
+    from .app import App, Target
+    from .backends import Backend
+
+
+class Context:
+    """Handed to async tasks; `ctx.sync` is the blocking twin handed to sync tasks."""
+
+    def __init__(self, app: App, backend: Backend, claimed: Claimed, element: JSON) -> None:
+        self.app = app
+        self.element = element
+        self.queue = claimed.queue
+        self.key = claimed.key
+        self.group = claimed.group
+        self.attempt = claimed.attempt
+        self.claimed_at = claimed.claimed_at
+        self.log = logging.LoggerAdapter(
+            logging.getLogger(f"crawlq.task.{claimed.queue}"),
+            {"queue": claimed.queue, "key": claimed.key, "attempt": claimed.attempt},
+        )
+        self._backend = backend
+        self._loop = asyncio.get_running_loop()
+        self.sync = SyncContext(self)
+
+    async def schedule(
+        self,
+        target: Target,
+        element: JSON,
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        """Schedules follow-up work (a link found, the next stage) on the worker's backend."""
+        return await self.app.aschedule_many(
+            target, [element], seconds=seconds, priority=priority, backend=self._backend, **options
+        )
+
+    async def schedule_many(
+        self,
+        target: Target,
+        elements: Iterable[JSON],
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        return await self.app.aschedule_many(
+            target, elements, seconds=seconds, priority=priority, backend=self._backend, **options
+        )
+
+
+class SyncContext:
+    """The same context for sync tasks running in the worker's thread pool."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self.app = ctx.app
+        self.element = ctx.element
+        self.queue = ctx.queue
+        self.key = ctx.key
+        self.group = ctx.group
+        self.attempt = ctx.attempt
+        self.claimed_at = ctx.claimed_at
+        self.log = ctx.log
+
+    def schedule(
+        self,
+        target: Target,
+        element: JSON,
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        coro = self._ctx.schedule(target, element, seconds=seconds, priority=priority, **options)
+        return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()
+
+    def schedule_many(
+        self,
+        target: Target,
+        elements: Iterable[JSON],
+        *,
+        seconds: float = 0,
+        priority: int = 0,
+        **options: Any,
+    ) -> ScheduleResult:
+        coro = self._ctx.schedule_many(
+            target, elements, seconds=seconds, priority=priority, **options
+        )
+        return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()

@@ -1,0 +1,143 @@
+"""Tasks: plain functions, async or sync, each with its own queue and options."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .errors import ConfigError, InvalidElement
+from .grouping import GroupFunction, group_of
+from .identity import canonical_json
+from .retry import Retry
+from .types import JSON, GroupBy, Mode, QueueConfig, Schedule
+
+if TYPE_CHECKING:
+    from .context import Context
+
+R = TypeVar("R")
+KeyFunction = Callable[[Any], str]
+GroupOption = str | GroupFunction | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskOptions:
+    queue: str
+    group_by: GroupBy
+    group_function: GroupFunction | None
+    key: KeyFunction | None
+    retry: Retry
+    lease: float
+    start: bool
+    seen: bool
+    timeout: float | None
+
+
+def group_option(group: GroupOption) -> tuple[GroupBy, GroupFunction | None]:
+    if group is None:
+        return GroupBy.NONE, None
+    if callable(group):
+        return GroupBy.CUSTOM, group
+    try:
+        by = GroupBy(group)
+    except ValueError:
+        raise ConfigError(
+            f"group={group!r}: expected 'host', 'domain', None or a function"
+        ) from None
+    if by in (GroupBy.CUSTOM, GroupBy.NONE):
+        raise ConfigError(f"group={group!r}: pass None or a function instead")
+    return by, None
+
+
+class Task(Generic[R]):
+    """A registered task; call it like the function, or schedule it through the app."""
+
+    def __init__(self, function: Callable[..., Any], options: TaskOptions) -> None:
+        self.function = function
+        self.options = options
+        self.name = options.queue
+        self.is_async = inspect.iscoroutinefunction(function)
+        self.__doc__ = function.__doc__
+        self.__name__ = getattr(function, "__name__", options.queue)
+
+    def __call__(self, ctx: Context, element: Any) -> Any:
+        return self.function(ctx, element)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name}>"
+
+    @property
+    def queue_config(self) -> QueueConfig:
+        return QueueConfig(
+            name=self.options.queue,
+            group_by=self.options.group_by,
+            custom_key=self.options.key is not None,
+            seen=self.options.seen,
+        )
+
+    def prepare(
+        self,
+        element: JSON,
+        *,
+        due: float,
+        priority: int = 0,
+        mode: Mode = Mode.OVERWRITE,
+        revisit: bool = False,
+    ) -> Schedule:
+        """The element as the backend stores it: identity and group derived by this task."""
+        return prepare(
+            self.queue_config,
+            element,
+            due=due,
+            priority=priority,
+            mode=mode,
+            revisit=revisit,
+            key=self.options.key,
+            group_function=self.options.group_function,
+        )
+
+    async def run(self, ctx: Context, element: Any) -> Any:
+        """Runs the function: async on the loop, sync in the worker's thread pool."""
+        if self.is_async:
+            result: Any = self.function(ctx, element)
+            return await result
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.function, ctx.sync, element)
+
+
+def prepare(
+    config: QueueConfig,
+    element: JSON,
+    *,
+    due: float,
+    priority: int = 0,
+    mode: Mode = Mode.OVERWRITE,
+    revisit: bool = False,
+    key: KeyFunction | None = None,
+    group_function: GroupFunction | None = None,
+) -> Schedule:
+    payload = canonical_json(element, queue=config.name)
+    if config.custom_key and key is None:
+        raise ConfigError(f"queue {config.name!r} derives keys in its task's code: pass the app")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ConfigError(f"priority must be an integer, got {priority!r}")
+    identity = payload if key is None else str(key(element))
+    try:
+        group = group_of(element, config.group_by, group_function)
+    except InvalidElement as exc:
+        raise InvalidElement(exc.reason, queue=config.name) from None
+    return Schedule(
+        queue=config.name,
+        key=identity,
+        payload=None if identity == payload else payload,
+        group=group,
+        due=due,
+        priority=priority,
+        mode=mode,
+        revisit=revisit,
+    )
+
+
+TaskFunction = Callable[..., Awaitable[Any]] | Callable[..., Any]

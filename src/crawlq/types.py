@@ -1,0 +1,172 @@
+"""Value objects shared by the task API, the worker and every backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+JSON = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]  # noqa: UP007
+
+#: Stands for "never" in due times and gates: a float that sorts after every real time.
+NEVER = 1e300
+
+
+class Mode(Enum):
+    """What `schedule` does when the element is already queued."""
+
+    OVERWRITE = 0
+    ONLY_IF_EARLIER = 1
+    ONLY_IF_NEW = 2
+
+
+class GroupBy(Enum):
+    """How a queue derives the politeness group of an element."""
+
+    HOST = "host"
+    DOMAIN = "domain"
+    NONE = "none"
+    CUSTOM = "custom"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueConfig:
+    """What a backend stores about a queue, so tools without task code can use it."""
+
+    name: str
+    group_by: GroupBy = GroupBy.HOST
+    custom_key: bool = False
+    seen: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """One element to add or move, ready for a backend: identity and group already derived."""
+
+    queue: str
+    key: str
+    payload: str | None
+    group: str
+    due: float
+    priority: int = 0
+    mode: Mode = Mode.OVERWRITE
+    revisit: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScheduleResult:
+    """How a batch of schedules was applied."""
+
+    added: int = 0
+    moved: int = 0
+    kept: int = 0
+    deferred: int = 0
+    skipped_seen: int = 0
+
+    def __add__(self, other: ScheduleResult) -> ScheduleResult:
+        return ScheduleResult(
+            added=self.added + other.added,
+            moved=self.moved + other.moved,
+            kept=self.kept + other.kept,
+            deferred=self.deferred + other.deferred,
+            skipped_seen=self.skipped_seen + other.skipped_seen,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claimed:
+    """An element leased to one worker. `attempt` doubles as the lease's fencing token."""
+
+    ref: int
+    queue: str
+    key: str
+    payload: str
+    group: str
+    priority: int
+    due: float
+    attempt: int
+    claimed_at: float
+    lease_until: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimResult:
+    """Claimed elements, and when more may become claimable if fewer than asked were found."""
+
+    elements: list[Claimed]
+    next_at: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failure:
+    """A failed run: retried at `retry_at`, or dead-lettered when it is None."""
+
+    element: Claimed
+    error: str
+    traceback: str = ""
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limit:
+    """Politeness of a group: at most `concurrency` in flight, starts `interval` s apart."""
+
+    concurrency: int | None = None
+    interval: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if self.interval < 0:
+            raise ValueError(f"interval must not be negative, got {self.interval}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LimitRule:
+    pattern: str
+    limit: Limit
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QueueStats:
+    name: str
+    total: int
+    due: int
+    delayed: int
+    running: int
+    dead: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupStats:
+    name: str
+    queued: int
+    running: int
+    limit: Limit
+    next_start: float | None
+    blocked_until: float | None
+    block_reason: str | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeadLetter:
+    queue: str
+    key: str
+    payload: str
+    group: str
+    attempts: int
+    error: str
+    traceback: str
+    died_at: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    started: float
+    heartbeat: float
+    running: int = 0
+    wake_address: str = field(default="", repr=False)

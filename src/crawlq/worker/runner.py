@@ -1,0 +1,274 @@
+"""One worker process: an event loop running many tasks at once over one backend.
+
+The loop claims as many elements as it has free slots, runs each as an asyncio task, and
+batches acks and failures. With nothing claimable it sleeps until the next claimable time
+the backend reported, a wake-up from another process, or a free slot; it never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..app import App
+from ..backends import Backend
+from ..context import Context
+from ..errors import ConfigError
+from ..tasks import Task
+from ..types import Claimed, Failure, WorkerInfo
+from ..wakeup import WakeListener
+
+log = logging.getLogger("crawlq.worker")
+
+DEFAULT_CONCURRENCY = 200
+#: An idle worker still re-checks this often, in case a wake-up datagram was lost.
+MAX_IDLE = 30.0
+#: A burst worker that waits on other workers' elements re-checks this often.
+BURST_RECHECK = 0.5
+CLAIM_BATCH = 100
+
+
+@dataclass(kw_only=True)
+class WorkerStats:
+    done: int = 0
+    failed: int = 0
+    dead: int = 0
+    released: int = 0
+    by_queue: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """Runs the tasks of `app`; `run()` returns when stopped, or when idle in burst mode."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: list[str] | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        burst: bool = False,
+        burst_horizon: float = 60.0,
+        grace: float = 30.0,
+        name: str | None = None,
+    ) -> None:
+        names = queues or list(app.tasks)
+        unknown = [q for q in names if q not in app.tasks]
+        if unknown:
+            raise ConfigError(f"no task for queue(s) {', '.join(unknown)} in {app!r}")
+        if not names:
+            raise ConfigError(f"{app!r} has no tasks to run")
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
+        self.app = app
+        self.queues = names
+        self.tasks: dict[str, Task[Any]] = {q: app.tasks[q] for q in names}
+        self.concurrency = concurrency
+        self.burst = burst
+        self.burst_horizon = burst_horizon
+        self.grace = grace
+        self.lease = max(task.options.lease for task in self.tasks.values())
+        self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stats = WorkerStats()
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._stopping = False
+        self._inflight: dict[asyncio.Task[None], Claimed] = {}
+        self._slot_freed = asyncio.Event()
+        self._acks: list[Claimed] = []
+        self._failures: list[Failure] = []
+        self._flush_wanted = asyncio.Event()
+
+    def stop(self) -> None:
+        """Graceful stop: claim nothing more, let running tasks finish within the grace period."""
+        if self._stopping:
+            self._hurry.set()
+        self._stopping = True
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    async def run(self) -> WorkerStats:
+        backend = await self.app.backend()
+        listener = WakeListener()
+        info = WorkerInfo(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(self.queues),
+            started=backend.now(),
+            heartbeat=backend.now(),
+            wake_address=listener.address,
+        )
+        await backend.register_worker(info)
+        helpers = [
+            asyncio.create_task(
+                self._heartbeats(backend, info), name=f"crawlq-heartbeat-{self.id}"
+            ),
+            asyncio.create_task(self._flusher(backend), name=f"crawlq-flusher-{self.id}"),
+        ]
+        log.info("worker %s started on %s: queues %s", self.id, backend.url, ",".join(self.queues))
+        try:
+            await self._claim_loop(backend, listener)
+            await self._drain(backend)
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await self._flush(backend)
+            await backend.unregister_worker(self.id)
+            listener.close()
+            log.info("worker %s stopped: %s", self.id, self.stats)
+        return self.stats
+
+    async def _claim_loop(self, backend: Backend, listener: WakeListener) -> None:
+        while not self._stop.is_set():
+            free = self.concurrency - len(self._inflight)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._wait_any([self._slot_freed, self._stop], None)
+                continue
+            listener.event.clear()
+            want = min(free, CLAIM_BATCH)
+            result = await backend.claim(self.queues, worker=self.id, limit=want, lease=self.lease)
+            for claimed in result.elements:
+                self._start(backend, claimed)
+            if len(result.elements) == want:
+                continue
+            now = backend.now()
+            timeout = MAX_IDLE if result.next_at is None else max(0.0, result.next_at - now)
+            if self.burst and not self._inflight and not result.elements:
+                if await self._burst_done(backend, result.next_at, now):
+                    return
+                timeout = min(timeout, BURST_RECHECK)
+            if result.elements:
+                continue
+            self._slot_freed.clear()
+            await self._wait_any(
+                [listener.event, self._slot_freed, self._stop], min(timeout, MAX_IDLE)
+            )
+
+    async def _burst_done(self, backend: Backend, next_at: float | None, now: float) -> bool:
+        """Done when nothing in these queues runs anywhere and nothing is due soon."""
+        stats = await backend.queue_stats(self.queues)
+        if any(s.due or s.running for s in stats):
+            return False
+        return next_at is None or next_at > now + self.burst_horizon
+
+    async def _wait_any(self, events: list[asyncio.Event], timeout: float | None) -> None:
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    def _start(self, backend: Backend, claimed: Claimed) -> None:
+        task = asyncio.create_task(
+            self._run_one(backend, claimed), name=f"crawlq:{claimed.queue}:{claimed.key[:80]}"
+        )
+        self._inflight[task] = claimed
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.pop(task, None)
+        self._slot_freed.set()
+
+    async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
+        task = self.tasks[claimed.queue]
+        policy = task.options.retry
+        if claimed.attempt > policy.max_attempts:
+            self._fail(claimed, "lease expired on the last attempt (worker lost)", "", None)
+            return
+        deadline = asyncio.timeout(None)
+        try:
+            element = json.loads(claimed.payload)
+            ctx = Context(self.app, backend, claimed, element)
+            async with asyncio.timeout(task.options.timeout) as deadline:
+                await task.run(ctx, element)
+        except asyncio.CancelledError:
+            if self._stopping:
+                await backend.release([claimed])
+                self.stats.released += 1
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if deadline.expired():
+                error = f"timed out after {task.options.timeout}s"
+            retry_at = None
+            if not policy.exhausted(claimed.attempt):
+                retry_at = backend.now() + policy.delay(claimed.attempt)
+            log.warning(
+                "%s failed (queue=%s key=%s attempt=%d): %s",
+                task.name,
+                claimed.queue,
+                claimed.key[:200],
+                claimed.attempt,
+                error,
+            )
+            self._fail(claimed, error, traceback.format_exc(), retry_at)
+        else:
+            self._acks.append(claimed)
+            self.stats.done += 1
+            self.stats.by_queue[claimed.queue] = self.stats.by_queue.get(claimed.queue, 0) + 1
+            self._flush_wanted.set()
+
+    def _fail(self, claimed: Claimed, error: str, tb: str, retry_at: float | None) -> None:
+        self._failures.append(
+            Failure(element=claimed, error=error, traceback=tb, retry_at=retry_at)
+        )
+        self.stats.failed += 1
+        if retry_at is None:
+            self.stats.dead += 1
+        self._flush_wanted.set()
+
+    async def _flusher(self, backend: Backend) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            await self._flush(backend)
+
+    async def _flush(self, backend: Backend) -> None:
+        acks, self._acks = self._acks, []
+        failures, self._failures = self._failures, []
+        if acks:
+            await backend.ack(acks)
+        if failures:
+            await backend.fail(failures)
+
+    async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
+        interval = max(0.05, self.lease / 3)
+        while True:
+            await asyncio.sleep(interval)
+            pending = [*self._inflight.values(), *self._acks, *(f.element for f in self._failures)]
+            try:
+                await backend.heartbeat(info, pending, self.lease)
+            except Exception:
+                log.exception("heartbeat of worker %s failed; retrying", self.id)
+
+    async def _drain(self, backend: Backend) -> None:
+        """Stopping: running tasks get the grace period, then go back to the queue at once."""
+        if not self._inflight:
+            return
+        running = list(self._inflight)
+        deadline = time.monotonic() + self.grace
+        while self._inflight and not self._hurry.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._slot_freed.clear()
+            await self._wait_any([self._slot_freed, self._hurry], left)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

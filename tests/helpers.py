@@ -1,0 +1,63 @@
+"""Small tools for tests: a clock to drive by hand and shortcuts to schedule and claim."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from crawlq.backends import Backend
+from crawlq.tasks import prepare
+from crawlq.types import JSON, Claimed, GroupBy, Mode, QueueConfig, ScheduleResult
+
+START = 1_800_000_000.0
+
+
+class ManualClock:
+    """A backend clock that moves only when told."""
+
+    def __init__(self, start: float = START) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def config(queue: str) -> QueueConfig:
+    by = {"jobs": GroupBy.NONE, "domains": GroupBy.DOMAIN}.get(queue, GroupBy.HOST)
+    return QueueConfig(name=queue, group_by=by, seen=queue == "crawl")
+
+
+async def schedule(
+    backend: Backend,
+    queue: str,
+    elements: Sequence[JSON],
+    *,
+    seconds: float = 0,
+    priority: int = 0,
+    mode: Mode = Mode.OVERWRITE,
+    revisit: bool = False,
+) -> ScheduleResult:
+    due = backend.now() + seconds
+    items = [
+        prepare(config(queue), e, due=due, priority=priority, mode=mode, revisit=revisit)
+        for e in elements
+    ]
+    return await backend.schedule(items)
+
+
+async def claim(
+    backend: Backend, queues: str | Sequence[str] = "pages", limit: int = 100, lease: float = 3600
+) -> list[Claimed]:
+    names = [queues] if isinstance(queues, str) else list(queues)
+    result = await backend.claim(names, worker="test-worker", limit=limit, lease=lease)
+    return result.elements
+
+
+def payloads(claimed: Sequence[Claimed]) -> list[str]:
+    return [c.payload for c in claimed]
+
+
+def url(host: str, n: int | str = 0) -> str:
+    return f"http://{host}/page/{n}"

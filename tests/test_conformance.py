@@ -1,0 +1,593 @@
+"""SPEC section 3, semantic by semantic, against every backend (see conftest.BACKENDS).
+
+Time is a manual clock, so due times, intervals, blocks and leases are exact and nothing
+here sleeps. Processes, signals and real time are in test_worker_processes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from crawlq.backends import Backend, open_backend
+from crawlq.errors import ConfigError, InvalidElement, UnknownQueue
+from crawlq.tasks import prepare
+from crawlq.types import JSON, NEVER, Claimed, Failure, Limit, LimitRule, Mode, QueueConfig
+from crawlq.wakeup import WakeListener
+
+from .helpers import ManualClock, claim, config, schedule, url
+
+
+def elements(claimed: Sequence[Claimed]) -> list[JSON]:
+    return [json.loads(c.payload) for c in claimed]
+
+
+async def counts(backend: Backend, queue: str = "pages") -> dict[str, int]:
+    (stats,) = await backend.queue_stats([queue])
+    return {
+        "total": stats.total,
+        "due": stats.due,
+        "delayed": stats.delayed,
+        "running": stats.running,
+        "dead": stats.dead,
+    }
+
+
+async def unlimited(backend: Backend) -> None:
+    await backend.set_limits([LimitRule(pattern="*", limit=Limit())])
+
+
+# -- 1. uniqueness, overwrite, only_if_earlier, only_if_new, bulk ------------------------------
+
+
+async def test_scheduling_an_element_twice_keeps_one(backend: Backend) -> None:
+    first = await schedule(backend, "pages", [url("a.test")])
+    second = await schedule(backend, "pages", [url("a.test")])
+    assert (first.added, second.added, second.moved) == (1, 0, 1)
+    assert (await counts(backend))["total"] == 1
+
+
+async def test_identity_is_canonical_json(backend: Backend) -> None:
+    await schedule(backend, "jobs", [{"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}])
+    await schedule(backend, "jobs", [{"b": [1, 2], "a": 1}])
+    assert (await counts(backend, "jobs"))["total"] == 1
+
+
+async def test_ten_thousand_schedules_of_a_thousand_elements_leave_a_thousand(
+    backend: Backend,
+) -> None:
+    batch = [url(f"h{i % 1000 % 7}.test", i % 1000) for i in range(10_000)]
+    result = await schedule(backend, "pages", batch)
+    assert result.added == 1000
+    for start in range(0, 10_000, 2_500):
+        await schedule(backend, "pages", batch[start : start + 2_500], seconds=5)
+    for i in range(0, 10_000, 97):
+        await schedule(backend, "pages", [batch[i]], seconds=i)
+    assert (await counts(backend))["total"] == 1000
+
+
+async def test_rescheduling_moves_due_time_and_priority(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["a", "b"])
+    await schedule(backend, "jobs", ["a"], seconds=60)
+    assert elements(await claim(backend, "jobs")) == ["b"]
+    clock.advance(60)
+    await schedule(backend, "jobs", ["c"])
+    await schedule(backend, "jobs", ["c"], priority=5)
+    assert elements(await claim(backend, "jobs")) == ["c", "a"]
+
+
+async def test_only_if_earlier_moves_forward_only(backend: Backend, clock: ManualClock) -> None:
+    await schedule(backend, "jobs", ["x"], seconds=100)
+    kept = await schedule(backend, "jobs", ["x"], seconds=200, mode=Mode.ONLY_IF_EARLIER)
+    assert (kept.moved, kept.kept) == (0, 1)
+    moved = await schedule(backend, "jobs", ["x"], seconds=10, mode=Mode.ONLY_IF_EARLIER)
+    assert moved.moved == 1
+    clock.advance(10)
+    assert elements(await claim(backend, "jobs")) == ["x"]
+
+
+async def test_only_if_new_keeps_the_existing_schedule(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["x"], seconds=100)
+    result = await schedule(backend, "jobs", ["x"], mode=Mode.ONLY_IF_NEW)
+    assert (result.added, result.moved, result.kept) == (0, 0, 1)
+    assert await claim(backend, "jobs") == []
+    clock.advance(100)
+    assert elements(await claim(backend, "jobs")) == ["x"]
+
+
+async def test_repeats_inside_one_batch_apply_in_order(
+    backend: Backend, clock: ManualClock
+) -> None:
+    items = [
+        prepare(config("jobs"), "x", due=clock() + 50),
+        prepare(config("jobs"), "x", due=clock() + 20, mode=Mode.ONLY_IF_EARLIER),
+        prepare(config("jobs"), "x", due=clock() + 90, mode=Mode.ONLY_IF_EARLIER),
+        prepare(config("jobs"), "x", due=clock() + 0, mode=Mode.ONLY_IF_NEW),
+    ]
+    await backend.schedule(items)
+    clock.advance(19)
+    assert await claim(backend, "jobs") == []
+    clock.advance(1)
+    assert elements(await claim(backend, "jobs")) == ["x"]
+
+
+# -- 2. an element that is running is never started twice -------------------------------------
+
+
+async def test_rescheduling_a_running_element_waits_for_it_to_finish(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["x"])
+    (running,) = await claim(backend, "jobs")
+    result = await schedule(backend, "jobs", ["x"], seconds=5)
+    assert result.deferred == 1
+    clock.advance(10)
+    assert await claim(backend, "jobs") == []
+    await backend.ack([running])
+    (again,) = await claim(backend, "jobs")
+    assert (json.loads(again.payload), again.attempt) == ("x", 1)
+
+
+async def test_a_schedule_remembered_while_running_keeps_its_future_time(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["x"])
+    (running,) = await claim(backend, "jobs")
+    await schedule(backend, "jobs", ["x"], seconds=30)
+    await backend.ack([running])
+    assert await claim(backend, "jobs") == []
+    assert (await counts(backend, "jobs"))["delayed"] == 1
+    clock.advance(30)
+    assert len(await claim(backend, "jobs")) == 1
+
+
+# -- 3. claim: due, priority, group slots, interval, blocks, atomic ----------------------------
+
+
+async def test_claim_takes_only_due_elements(backend: Backend, clock: ManualClock) -> None:
+    await schedule(backend, "jobs", ["later"], seconds=10)
+    await schedule(backend, "jobs", ["now"])
+    assert elements(await claim(backend, "jobs")) == ["now"]
+    clock.advance(9.999)
+    assert await claim(backend, "jobs") == []
+    clock.advance(0.001)
+    assert elements(await claim(backend, "jobs")) == ["later"]
+
+
+async def test_priority_then_due_time_then_insertion(backend: Backend, clock: ManualClock) -> None:
+    await schedule(backend, "jobs", ["late-low"], seconds=1)
+    await schedule(backend, "jobs", ["first-low", "second-low"])
+    await schedule(backend, "jobs", ["high"], priority=10, seconds=2)
+    await schedule(backend, "jobs", ["mid"], priority=5)
+    await schedule(backend, "jobs", ["future-top"], priority=99, seconds=100)
+    clock.advance(2)
+    assert elements(await claim(backend, "jobs")) == [
+        "high",
+        "mid",
+        "first-low",
+        "second-low",
+        "late-low",
+    ]
+
+
+async def test_priority_holds_across_groups(backend: Backend) -> None:
+    await unlimited(backend)
+    await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2)])
+    await schedule(backend, "pages", [url("b.test", 1)], priority=3)
+    await schedule(backend, "pages", [url("c.test", 1)], priority=1)
+    assert elements(await claim(backend)) == [
+        url("b.test", 1),
+        url("c.test", 1),
+        url("a.test", 1),
+        url("a.test", 2),
+    ]
+
+
+async def test_group_concurrency_limits_elements_in_flight(backend: Backend) -> None:
+    await backend.set_limits([LimitRule(pattern="a.test", limit=Limit(concurrency=2))])
+    await schedule(backend, "pages", [url("a.test", i) for i in range(5)])
+    await schedule(backend, "pages", [url("b.test", i) for i in range(3)])
+    first = await claim(backend)
+    by_group = sorted(c.group for c in first)
+    assert by_group == ["a.test", "a.test", "b.test", "b.test", "b.test"]
+    assert await claim(backend) == []
+    done = next(c for c in first if c.group == "a.test")
+    await backend.ack([done])
+    assert [c.group for c in await claim(backend)] == ["a.test"]
+
+
+async def test_group_interval_spaces_starts(backend: Backend, clock: ManualClock) -> None:
+    await backend.set_limits([LimitRule(pattern="slow.test", limit=Limit(interval=2.0))])
+    await schedule(backend, "pages", [url("slow.test", i) for i in range(3)])
+    starts = []
+    for _ in range(6):
+        for claimed in await claim(backend):
+            starts.append(claimed.claimed_at)
+            await backend.ack([claimed])
+        clock.advance(1.0)
+    assert [s - starts[0] for s in starts] == [0.0, 2.0, 4.0]
+
+
+async def test_groups_are_shared_across_queues(backend: Backend) -> None:
+    await backend.set_limits([LimitRule(pattern="shared.test", limit=Limit(concurrency=1))])
+    await schedule(backend, "pages", [url("shared.test", 1)])
+    await schedule(backend, "logins", [url("shared.test", "login")])
+    taken = await claim(backend, ["pages", "logins"])
+    assert len(taken) == 1
+    assert await claim(backend, ["pages", "logins"]) == []
+    await backend.ack(taken)
+    assert len(await claim(backend, ["pages", "logins"])) == 1
+
+
+async def test_domain_groups_join_subdomains(backend: Backend) -> None:
+    await backend.set_limits([LimitRule(pattern="example.co.uk", limit=Limit(concurrency=1))])
+    await schedule(backend, "domains", [url("a.example.co.uk"), url("b.example.co.uk")])
+    taken = await claim(backend, "domains")
+    assert [c.group for c in taken] == ["example.co.uk"]
+
+
+async def test_blocked_group_waits_until_the_block_ends(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "pages", [url("busy.test"), url("fine.test")])
+    await backend.block_group("busy.test", clock() + 30, "429 Retry-After")
+    assert [c.group for c in await claim(backend)] == ["fine.test"]
+    (group,) = await backend.group_stats("busy.test")
+    assert (group.blocked_until, group.block_reason) == (clock() + 30, "429 Retry-After")
+    clock.advance(29)
+    assert await claim(backend) == []
+    clock.advance(1)
+    assert [c.group for c in await claim(backend)] == ["busy.test"]
+
+
+async def test_unblocking_makes_a_group_claimable_at_once(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "pages", [url("busy.test")])
+    await backend.block_group("busy.test", clock() + 3600, "maintenance")
+    assert await claim(backend) == []
+    await backend.block_group("busy.test", None, None)
+    assert len(await claim(backend)) == 1
+
+
+async def test_limits_change_at_run_time(backend: Backend) -> None:
+    await schedule(backend, "pages", [url("a.test", i) for i in range(10)])
+    assert len(await claim(backend)) == 4  # the default rule: 4 at once
+    await backend.set_limits([LimitRule(pattern="*.test", limit=Limit(concurrency=6))])
+    assert len(await claim(backend)) == 2
+    assert await backend.delete_limit("*.test")
+    assert await claim(backend) == []
+
+
+async def test_most_specific_limit_pattern_wins(backend: Backend) -> None:
+    await backend.set_limits(
+        [
+            LimitRule(pattern="*.test", limit=Limit(concurrency=1)),
+            LimitRule(pattern="big.test", limit=Limit(concurrency=3)),
+        ]
+    )
+    await schedule(backend, "pages", [url("big.test", i) for i in range(5)])
+    await schedule(backend, "pages", [url("small.test", i) for i in range(5)])
+    groups = sorted(c.group for c in await claim(backend))
+    assert groups == ["big.test"] * 3 + ["small.test"]
+
+
+async def test_no_group_means_no_limit(backend: Backend) -> None:
+    await schedule(backend, "jobs", list(range(50)))
+    assert len(await claim(backend, "jobs")) == 50
+
+
+async def test_concurrent_claims_never_share_an_element(url: str, clock: ManualClock) -> None:
+    backends = [open_backend(url, clock=clock) for _ in range(4)]
+    for b in backends:
+        await b.open()
+    try:
+        await backends[0].ensure_queues([config("jobs")])
+        await schedule(backends[0], "jobs", list(range(400)))
+
+        async def drain(b: Backend) -> list[str]:
+            seen: list[str] = []
+            while claimed := await claim(b, "jobs", limit=7):
+                seen.extend(c.payload for c in claimed)
+            return seen
+
+        results = await asyncio.gather(*(drain(b) for b in backends))
+        everything = [p for r in results for p in r]
+        assert sorted(everything, key=int) == [str(i) for i in range(400)]
+    finally:
+        for b in backends:
+            await b.close()
+
+
+# -- 4. when nothing is claimable, say when something will be -----------------------------------
+
+
+async def test_next_claimable_time_is_reported(backend: Backend, clock: ManualClock) -> None:
+    result = await backend.claim(["jobs"], worker="w", limit=10, lease=30)
+    assert (result.elements, result.next_at) == ([], None)
+    await schedule(backend, "jobs", ["soon"], seconds=7)
+    result = await backend.claim(["jobs"], worker="w", limit=10, lease=30)
+    assert result.next_at == clock() + 7
+
+
+async def test_next_claimable_time_follows_group_gates(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await backend.set_limits([LimitRule(pattern="slow.test", limit=Limit(interval=5))])
+    await schedule(backend, "pages", [url("slow.test", 1), url("slow.test", 2)])
+    await claim(backend)
+    result = await backend.claim(["pages"], worker="w", limit=10, lease=60)
+    assert result.next_at == clock() + 5
+
+
+async def test_schedule_wakes_an_idle_listener(url: str, clock: ManualClock) -> None:
+    from crawlq.types import WorkerInfo
+
+    producer, consumer = open_backend(url, clock=clock), open_backend(url, clock=clock)
+    await producer.open()
+    await consumer.open()
+    listener = WakeListener()
+    try:
+        await consumer.ensure_queues([config("jobs")])
+        info = WorkerInfo(
+            id="idle",
+            host="h",
+            pid=1,
+            queues=("jobs",),
+            started=clock(),
+            heartbeat=clock(),
+            wake_address=listener.address,
+        )
+        await consumer.register_worker(info)
+        assert not listener.event.is_set()
+        await schedule(producer, "jobs", ["wake up"])
+        await asyncio.wait_for(listener.event.wait(), 10)
+    finally:
+        listener.close()
+        await producer.close()
+        await consumer.close()
+
+
+# -- 5. acks, failures with retries, dead letters ---------------------------------------------
+
+
+async def test_ack_finishes_an_element(backend: Backend) -> None:
+    await schedule(backend, "jobs", ["x"])
+    taken = await claim(backend, "jobs")
+    await backend.ack(taken)
+    assert await counts(backend, "jobs") == {
+        "total": 0,
+        "due": 0,
+        "delayed": 0,
+        "running": 0,
+        "dead": 0,
+    }
+
+
+async def test_failure_retries_at_the_given_time_counting_attempts(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["flaky"])
+    (first,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=first, error="boom", retry_at=clock() + 4)])
+    assert (await counts(backend, "jobs"))["delayed"] == 1
+    clock.advance(4)
+    (second,) = await claim(backend, "jobs")
+    assert second.attempt == 2
+
+
+async def test_dead_letters_can_be_listed_requeued_and_purged(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["a", "b", "c"])
+    for claimed in await claim(backend, "jobs"):
+        await backend.fail(
+            [Failure(element=claimed, error=f"bad {claimed.payload}", traceback="tb")]
+        )
+    assert (await counts(backend, "jobs"))["dead"] == 3
+    assert (await counts(backend, "jobs"))["total"] == 0
+    letters = await backend.dead_letters("jobs")
+    assert sorted(d.error for d in letters) == ['bad "a"', 'bad "b"', 'bad "c"']
+    assert {d.traceback for d in letters} == {"tb"}
+    assert await backend.requeue_dead("jobs", ['"a"']) == 1
+    (again,) = await claim(backend, "jobs")
+    assert (again.payload, again.attempt) == ('"a"', 1)
+    assert await backend.purge_dead("jobs", ['"b"']) == 1
+    assert await backend.requeue_dead("jobs") == 1
+    assert await backend.purge_dead("jobs") == 0
+    assert (await counts(backend, "jobs"))["dead"] == 0
+    with pytest.raises(UnknownQueue):
+        await backend.dead_letters("nope")
+
+
+# -- 6. leases: heartbeats, expiry, release -----------------------------------------------------
+
+
+async def test_an_expired_lease_returns_the_element_and_frees_its_slot(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await backend.set_limits([LimitRule(pattern="a.test", limit=Limit(concurrency=1))])
+    await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2)])
+    (lost,) = await claim(backend, lease=10)
+    clock.advance(9)
+    assert await claim(backend) == []
+    clock.advance(1.5)
+    (again,) = await claim(backend, lease=10)
+    assert (again.payload, again.attempt) == (lost.payload, 2)
+    await backend.ack([lost])  # the lost run's late ack is stale: nothing changes
+    assert (await counts(backend))["running"] == 1
+
+
+async def test_heartbeats_keep_a_lease(backend: Backend, clock: ManualClock) -> None:
+    from crawlq.types import WorkerInfo
+
+    worker = WorkerInfo(id="w", host="h", pid=1, queues=("jobs",), started=clock(), heartbeat=0)
+    await backend.register_worker(worker)
+    await schedule(backend, "jobs", ["long"])
+    taken = await claim(backend, "jobs", lease=10)
+    for _ in range(5):
+        clock.advance(8)
+        await backend.heartbeat(worker, taken, 10)
+    assert await claim(backend, "jobs") == []
+    assert (await counts(backend, "jobs"))["running"] == 1
+    (live,) = await backend.workers()
+    assert live.heartbeat == clock()
+
+
+async def test_ack_of_an_expired_but_not_rerun_element_finishes_it(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["slow"])
+    taken = await claim(backend, "jobs", lease=5)
+    clock.advance(6)
+    await claim(backend, "logins")  # any claim returns expired leases
+    await backend.ack(taken)
+    assert (await counts(backend, "jobs"))["total"] == 0
+
+
+async def test_release_returns_elements_at_once_without_counting_the_attempt(
+    backend: Backend,
+) -> None:
+    await schedule(backend, "jobs", ["a", "b"])
+    taken = await claim(backend, "jobs")
+    await backend.release(taken)
+    assert await counts(backend, "jobs") == {
+        "total": 2,
+        "due": 2,
+        "delayed": 0,
+        "running": 0,
+        "dead": 0,
+    }
+    assert [c.attempt for c in await claim(backend, "jobs")] == [1, 1]
+
+
+# -- 7. introspection --------------------------------------------------------------------------
+
+
+async def test_counts_per_queue_and_group(backend: Backend, clock: ManualClock) -> None:
+    await backend.set_limits([LimitRule(pattern="a.test", limit=Limit(concurrency=1, interval=3))])
+    await schedule(backend, "pages", [url("a.test", i) for i in range(3)])
+    await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
+    await claim(backend)
+    assert await counts(backend) == {"total": 4, "due": 2, "delayed": 1, "running": 1, "dead": 0}
+    clock.advance(60)
+    assert (await counts(backend))["due"] == 3
+    (a,) = await backend.group_stats("a.test")
+    assert (a.queued, a.running, a.limit) == (2, 1, Limit(concurrency=1, interval=3))
+    assert a.next_start == clock() - 60 + 3
+    names = [g.name for g in await backend.group_stats()]
+    assert names == ["a.test", "b.test"]
+
+
+# -- 8. seen memory ----------------------------------------------------------------------------
+
+
+async def test_seen_queue_never_schedules_a_finished_element_again(backend: Backend) -> None:
+    await schedule(backend, "crawl", [url("a.test", 1)])
+    await backend.ack(await claim(backend, "crawl"))
+    skipped = await schedule(backend, "crawl", [url("a.test", 1), url("a.test", 2)])
+    assert (skipped.added, skipped.skipped_seen) == (1, 1)
+    revisit = await schedule(backend, "crawl", [url("a.test", 1)], revisit=True)
+    assert revisit.added == 1
+
+
+async def test_seen_does_not_stop_moving_a_queued_element(backend: Backend) -> None:
+    await schedule(backend, "crawl", [url("a.test", 1)], seconds=100)
+    moved = await schedule(backend, "crawl", [url("a.test", 1)])
+    assert moved.moved == 1
+
+
+# -- 9. bad input is refused and changes nothing ------------------------------------------------
+
+
+async def test_bad_elements_are_refused_with_the_reason(backend: Backend) -> None:
+    with pytest.raises(InvalidElement, match="not JSON"):
+        await schedule(backend, "jobs", [{"when": object()}])  # type: ignore[dict-item]
+    with pytest.raises(InvalidElement, match="not JSON"):
+        await schedule(backend, "jobs", [float("nan")])
+    with pytest.raises(InvalidElement, match="must be absolute http"):
+        await schedule(backend, "pages", ["ftp://files.test/x"])
+    with pytest.raises(InvalidElement, match="no host"):
+        await schedule(backend, "pages", ["http:///nohost"])
+    with pytest.raises(InvalidElement, match="more than"):
+        await schedule(backend, "jobs", ["x" * 70_000])
+
+
+async def test_a_batch_with_an_unknown_queue_changes_nothing(backend: Backend) -> None:
+    good = prepare(config("jobs"), "kept?", due=backend.now())
+    bad = prepare(QueueConfig(name="nope"), url("x.test"), due=backend.now())
+    with pytest.raises(UnknownQueue, match="nope"):
+        await backend.schedule([good, bad])
+    assert (await counts(backend, "jobs"))["total"] == 0
+
+
+async def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        Limit(concurrency=0)
+    with pytest.raises(ValueError, match="interval"):
+        Limit(interval=-1)
+    with pytest.raises(ConfigError, match="pattern"):
+        from crawlq.limits import check_pattern
+
+        check_pattern(" a ")
+
+
+# -- the frontier stays true under churn ------------------------------------------------------
+
+
+async def test_frontier_matches_a_simple_model_under_random_operations(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """Random schedules, claims, acks, failures and clock moves; compared with a plain model."""
+    import random
+
+    rng = random.Random(7)
+    await backend.set_limits(
+        [
+            LimitRule(pattern="*", limit=Limit(concurrency=2, interval=0.5)),
+            LimitRule(pattern="h0.test", limit=Limit(concurrency=1, interval=2)),
+        ]
+    )
+    hosts = [f"h{i}.test" for i in range(4)]
+    running: dict[str, Claimed] = {}
+    last_start: dict[str, float] = {}
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.4:
+            batch = [url(rng.choice(hosts), rng.randrange(30)) for _ in range(rng.randrange(1, 6))]
+            await schedule(backend, "pages", batch, seconds=rng.choice([0, 0, 1, 3]))
+        elif op < 0.7:
+            for c in await claim(backend, limit=rng.randrange(1, 5)):
+                in_group = [r for r in running.values() if r.group == c.group]
+                limit = 1 if c.group == "h0.test" else 2
+                gap = 2 if c.group == "h0.test" else 0.5
+                assert len(in_group) < limit
+                assert c.claimed_at - last_start.get(c.group, -1e9) >= gap
+                assert c.payload not in running
+                last_start[c.group] = c.claimed_at
+                running[c.payload] = c
+        elif op < 0.9 and running:
+            key = rng.choice(sorted(running))
+            done = running.pop(key)
+            if rng.random() < 0.8:
+                await backend.ack([done])
+            else:
+                failure = Failure(element=done, error="x", retry_at=clock() + 1)
+                await backend.fail([failure])
+        else:
+            clock.advance(rng.choice([0.25, 0.5, 1, 2]))
+    stats = await counts(backend)
+    assert stats["running"] == len(running)
+    groups = {g.name: g for g in await backend.group_stats(include_idle=True)}
+    for host in hosts:
+        in_flight = sum(1 for r in running.values() if r.group == host)
+        assert groups[host].running == in_flight
+    result = await backend.claim(["pages"], worker="w", limit=1000, lease=30)
+    assert result.next_at is None or result.next_at < NEVER
