@@ -86,6 +86,7 @@ class Worker:
         self._acks: list[Claimed] = []
         self._failures: list[Failure] = []
         self._flush_wanted = asyncio.Event()
+        self._closing = False
 
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period."""
@@ -112,21 +113,22 @@ class Worker:
             wake_address=listener.address,
         )
         await backend.register_worker(info)
-        helpers = [
-            asyncio.create_task(
-                self._heartbeats(backend, info), name=f"crawlq-heartbeat-{self.id}"
-            ),
-            asyncio.create_task(self._flusher(backend), name=f"crawlq-flusher-{self.id}"),
-        ]
+        heartbeats = asyncio.create_task(
+            self._heartbeats(backend, info), name=f"crawlq-heartbeat-{self.id}"
+        )
+        flusher = asyncio.create_task(self._flusher(backend), name=f"crawlq-flusher-{self.id}")
         log.info("worker %s started on %s: queues %s", self.id, backend.url, ",".join(self.queues))
         try:
             await self._claim_loop(backend, listener)
             await self._drain(backend)
         finally:
-            for helper in helpers:
-                helper.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
-            await self._flush(backend)
+            # The flusher is never cancelled: a cancelled call can drop a write queued for the
+            # backend's thread, and with it acks already taken from the buffer.
+            self._closing = True
+            self._flush_wanted.set()
+            await flusher
+            heartbeats.cancel()
+            await asyncio.gather(heartbeats, return_exceptions=True)
             await backend.unregister_worker(self.id)
             listener.close()
             log.info("worker %s stopped: %s", self.id, self.stats)
@@ -234,18 +236,30 @@ class Worker:
         self._flush_wanted.set()
 
     async def _flusher(self, backend: Backend) -> None:
-        while True:
+        """Writes finished elements in batches, until the worker closes and all is written."""
+        while not (self._closing and not self._acks and not self._failures):
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
-            await self._flush(backend)
+            try:
+                await self._flush(backend)
+            except Exception:
+                log.exception("worker %s could not record finished elements; retrying", self.id)
+                await asyncio.sleep(1)
+                self._flush_wanted.set()
 
     async def _flush(self, backend: Backend) -> None:
         acks, self._acks = self._acks, []
         failures, self._failures = self._failures, []
-        if acks:
-            await backend.ack(acks)
-        if failures:
-            await backend.fail(failures)
+        try:
+            if acks:
+                await backend.ack(acks)
+                acks = []
+            if failures:
+                await backend.fail(failures)
+        except BaseException:
+            self._acks[:0] = acks
+            self._failures[:0] = failures
+            raise
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
         interval = max(0.05, self.lease / 3)

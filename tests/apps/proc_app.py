@@ -1,0 +1,56 @@
+"""The app that worker-process tests run with `crawlq worker tests.apps.proc_app:app`.
+
+Settings come from environment variables set by the tests; every task appends one JSON line
+per event to the file named by CRAWLQ_RECORD (O_APPEND writes of one line are atomic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import crawlq
+
+app = crawlq.App(os.environ["CRAWLQ_BACKEND"])
+LEASE = float(os.environ.get("TEST_LEASE", "60"))
+_interval = float(os.environ.get("TEST_INTERVAL", "0"))
+_concurrency = os.environ.get("TEST_CONCURRENCY")
+app.limit(
+    "polite.test",
+    concurrency=int(_concurrency) if _concurrency else None,
+    interval=_interval,
+)
+_record = os.open(os.environ["CRAWLQ_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def record(event: str, ctx: crawlq.Context, element: Any) -> None:
+    line = {
+        "event": event,
+        "element": element,
+        "pid": os.getpid(),
+        "t": time.time(),
+        "claimed_at": ctx.claimed_at,
+        "attempt": ctx.attempt,
+    }
+    os.write(_record, (json.dumps(line) + "\n").encode())
+
+
+@app.task(lease=LEASE)
+async def hit(ctx: crawlq.Context, url: str) -> None:
+    """A request to a polite host: takes a little while."""
+    record("start", ctx, url)
+    await asyncio.sleep(float(os.environ.get("TEST_HIT_SECONDS", "0.02")))
+    record("end", ctx, url)
+
+
+@app.task(group=None, lease=LEASE)
+async def hold(ctx: crawlq.Context, element: dict[str, Any]) -> None:
+    """Sleeps `seconds` (held forever with -1) on the attempts listed in `on`, else returns."""
+    record("start", ctx, element)
+    if ctx.attempt in element.get("on", [1]):
+        seconds = element.get("seconds", -1)
+        await asyncio.sleep(3600 if seconds < 0 else seconds)
+    record("end", ctx, element)

@@ -1,0 +1,255 @@
+"""Real worker processes on a real SQLite file: politeness across processes, crash safety,
+graceful stop and wake-ups. Waits are bounded polls for a condition, never fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import crawlq
+from crawlq.backends.sqlite import SQLiteBackend
+from crawlq.types import JSON, GroupStats, QueueStats
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "tests.apps.proc_app:app"
+
+
+@dataclass
+class Env:
+    url: str
+    record: Path
+    vars: dict[str, str]
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def worker(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "crawlq", "worker", APP, *args],
+            cwd=ROOT,
+            env=self.vars,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+    def app(self) -> crawlq.App:
+        saved = {k: os.environ.get(k) for k in self.vars}
+        os.environ.update(self.vars)
+        try:
+            sys.modules.pop("tests.apps.proc_app", None)
+            module = importlib.import_module("tests.apps.proc_app")
+            app: crawlq.App = module.app
+            return app
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    record = tmp_path / "record.jsonl"
+    variables = {
+        **os.environ,
+        "CRAWLQ_BACKEND": f"sqlite:///{tmp_path / 'queue.db'}",
+        "CRAWLQ_RECORD": str(record),
+        "PYTHONPATH": str(ROOT),
+    }
+    yield Env(url=variables["CRAWLQ_BACKEND"], record=record, vars=variables)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"worker did not exit:\n{out.decode()}") from None
+    return out.decode()
+
+
+def queue_stats(app: crawlq.App, queue: str) -> QueueStats:
+    (stats,) = app.stats([queue])
+    return stats
+
+
+def polite_groups(url: str) -> list[GroupStats]:
+    async def read() -> list[GroupStats]:
+        async with SQLiteBackend(url, create=False) as backend:
+            return await backend.group_stats("polite.test", include_idle=True)
+
+    return asyncio.run(read())
+
+
+def peak_overlap(events: list[dict[str, Any]]) -> int:
+    """Most elements running at once, from their observed start and end times."""
+    edges = sorted(
+        [(e["t"], 1) for e in events if e["event"] == "start"]
+        + [(e["t"], -1) for e in events if e["event"] == "end"],
+        key=lambda edge: (edge[0], edge[1]),
+    )
+    return max(itertools.accumulate(delta for _, delta in edges))
+
+
+def test_four_processes_never_exceed_a_groups_concurrency(env: Env) -> None:
+    env.vars.update(TEST_CONCURRENCY="2", TEST_HIT_SECONDS="0.05")
+    app = env.app()
+    with app:
+        app.schedule_many("hit", [f"http://polite.test/{i}" for i in range(120)])
+    proc = env.worker("--processes", "4", "--burst", "-c", "50")
+    output = finish(proc)
+    assert proc.returncode == 0, output
+    events = env.events()
+    starts = [e for e in events if e["event"] == "start"]
+    assert sorted(e["element"] for e in starts) == sorted(
+        f"http://polite.test/{i}" for i in range(120)
+    )
+    assert peak_overlap(events) == 2
+    assert len({e["pid"] for e in starts}) >= 2, "the processes did not compete"
+
+
+def test_four_processes_keep_a_groups_interval(env: Env) -> None:
+    env.vars.update(TEST_INTERVAL="0.1", TEST_HIT_SECONDS="0.01")
+    app = env.app()
+    with app:
+        app.schedule_many("hit", [f"http://polite.test/{i}" for i in range(30)])
+    proc = env.worker("--processes", "4", "--burst")
+    output = finish(proc)
+    assert proc.returncode == 0, output
+    claims = sorted(e["claimed_at"] for e in env.events() if e["event"] == "start")
+    assert len(claims) == 30
+    gaps = [b - a for a, b in itertools.pairwise(claims)]
+    assert min(gaps) >= 0.1 - 1e-9, gaps
+
+
+def test_sigkill_mid_task_loses_nothing(env: Env) -> None:
+    env.vars.update(TEST_LEASE="2")
+    app = env.app()
+    elements: list[JSON] = [{"n": i, "on": [1] if i == 0 else []} for i in range(4)]
+    with app:
+        app.schedule_many("hold", elements)
+    victim = env.worker()
+    with app:
+        wait_for(lambda: queue_stats(app, "hold").total == 1, what="three quick elements acked")
+    victim.send_signal(signal.SIGKILL)
+    finish(victim)
+    with app:
+        stats = queue_stats(app, "hold")
+        assert (stats.total, stats.running) == (1, 1)
+    rescuer = env.worker("--burst")
+    output = finish(rescuer)
+    assert rescuer.returncode == 0, output
+    ends = [e for e in env.events() if e["event"] == "end"]
+    assert sorted(e["element"]["n"] for e in ends) == [0, 1, 2, 3]
+    assert [e["attempt"] for e in ends if e["element"] == elements[0]] == [2]
+    with app:
+        stats = queue_stats(app, "hold")
+        assert (stats.total, stats.running, stats.dead) == (0, 0, 0)
+
+
+def test_sigkill_of_a_polite_group_slot_is_freed_after_the_lease(env: Env) -> None:
+    env.vars.update(TEST_LEASE="1.5", TEST_CONCURRENCY="1", TEST_HIT_SECONDS="600")
+    app = env.app()
+    with app:
+        app.schedule_many("hit", ["http://polite.test/a", "http://polite.test/b"])
+    victim = env.worker()
+    wait_for(lambda: any(e["event"] == "start" for e in env.events()), what="the first start")
+    victim.send_signal(signal.SIGKILL)
+    finish(victim)
+
+    (group,) = polite_groups(env.url)
+    assert group.running == 1
+    env.vars.update(TEST_HIT_SECONDS="0")
+    rescuer = env.worker("--burst")
+    output = finish(rescuer)
+    assert rescuer.returncode == 0, output
+    (group,) = polite_groups(env.url)
+    assert (group.running, group.queued) == (0, 0)
+
+
+def test_sigterm_returns_unfinished_work_at_once(env: Env) -> None:
+    app = env.app()
+    with app:
+        app.schedule_many("hold", [{"n": i} for i in range(3)])
+    worker = env.worker("--grace", "0.3")
+    wait_for(lambda: len(env.events()) == 3, what="three starts")
+    started = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    output = finish(worker)
+    assert worker.returncode == 0, output
+    assert time.monotonic() - started < 30, "returned only after the lease, not at once"
+    with app:
+        stats = queue_stats(app, "hold")
+        assert (stats.total, stats.due, stats.running) == (3, 3, 0)
+
+
+def test_sigterm_lets_running_tasks_finish_within_the_grace_period(env: Env) -> None:
+    app = env.app()
+    with app:
+        app.schedule("hold", {"seconds": 0.5})
+    worker = env.worker("--grace", "30")
+    wait_for(lambda: len(env.events()) == 1, what="the start")
+    worker.send_signal(signal.SIGTERM)
+    output = finish(worker)
+    assert worker.returncode == 0, output
+    assert [e["event"] for e in env.events()] == ["start", "end"]
+    with app:
+        assert queue_stats(app, "hold").total == 0
+
+
+def test_released_elements_keep_their_attempt_count(env: Env) -> None:
+    app = env.app()
+    with app:
+        app.schedule("hold", {"on": [1, 2]})
+    worker = env.worker("--grace", "0")
+    wait_for(lambda: len(env.events()) == 1, what="the start")
+    worker.send_signal(signal.SIGTERM)
+    finish(worker)
+    worker = env.worker("--grace", "0")
+    wait_for(lambda: len(env.events()) == 2, what="the second start")
+    worker.send_signal(signal.SIGTERM)
+    finish(worker)
+    assert [e["attempt"] for e in env.events()] == [1, 1]
+
+
+def test_an_idle_worker_wakes_when_work_is_scheduled(env: Env) -> None:
+    app = env.app()
+    with app:
+        app.schedule("hold", {"on": []})  # registers the queues
+        worker = env.worker()
+        try:
+            wait_for(lambda: len(env.events()) == 2, what="the first element")
+            wait_for(lambda: queue_stats(app, "hold").total == 0, what="the ack")
+            scheduled = time.monotonic()
+            app.schedule("hold", {"on": [], "n": 2})
+            wait_for(lambda: len(env.events()) == 4, timeout=20, what="the wake-up")
+            # An idle worker sleeps up to 30 s when nobody wakes it.
+            assert time.monotonic() - scheduled < 20
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            finish(worker)
