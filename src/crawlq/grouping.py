@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -32,15 +33,44 @@ def element_url(element: JSON) -> str | None:
     return None
 
 
-@lru_cache(maxsize=65536)
 def url_host(url: str) -> str:
     """The lower-case host of an absolute http(s) URL; InvalidElement otherwise."""
+    host = _plain_host(url)
+    return host if host is not None else _parsed_host(url)
+
+
+def _plain_host(url: str) -> str | None:
+    """The host of a plain http(s)://host[:port]/... URL, fast; None for anything unusual."""
+    if url.startswith("https://"):
+        start = 8
+    elif url.startswith("http://"):
+        start = 7
+    else:
+        return None
+    end = len(url)
+    for stop in "/?#":
+        found = url.find(stop, start, end)
+        if found != -1:
+            end = found
+    netloc = url[start:end]
+    host, _, port = netloc.partition(":")
+    if not host or not _PLAIN_HOST.fullmatch(host) or (port and not port.isdigit()):
+        return None
+    return host.lower()
+
+
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+@lru_cache(maxsize=4096)
+def _parsed_host(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError as exc:
         raise InvalidElement(f"malformed URL {url!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme.lower() not in ("http", "https"):
         raise InvalidElement(f"URL {url!r} must be absolute http or https")
     if not host:
         raise InvalidElement(f"URL {url!r} has no host")

@@ -9,6 +9,10 @@ from typing import Any
 from .errors import InvalidElement
 from .types import JSON
 
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
 #: Elements are small references (a URL, a few ids), not documents.
 MAX_ELEMENT_BYTES = 64 * 1024
 
@@ -16,9 +20,7 @@ MAX_ELEMENT_BYTES = 64 * 1024
 def canonical_json(element: Any, *, queue: str | None = None) -> str:
     """Sorted keys, no insignificant whitespace; rejects anything that is not plain JSON."""
     try:
-        text = json.dumps(
-            element, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _ENCODER.encode(element)
     except (TypeError, ValueError) as exc:
         raise InvalidElement(f"not JSON: {exc}", queue=queue) from exc
     if len(text) > MAX_ELEMENT_BYTES:

@@ -61,21 +61,18 @@ class Task(Generic[R]):
         self.is_async = inspect.iscoroutinefunction(function)
         self.__doc__ = function.__doc__
         self.__name__ = getattr(function, "__name__", options.queue)
+        self.queue_config = QueueConfig(
+            name=options.queue,
+            group_by=options.group_by,
+            custom_key=options.key is not None,
+            seen=options.seen,
+        )
 
     def __call__(self, ctx: Context, element: Any) -> Any:
         return self.function(ctx, element)
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
-
-    @property
-    def queue_config(self) -> QueueConfig:
-        return QueueConfig(
-            name=self.options.queue,
-            group_by=self.options.group_by,
-            custom_key=self.options.key is not None,
-            seen=self.options.seen,
-        )
 
     def prepare(
         self,

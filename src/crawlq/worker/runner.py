@@ -82,11 +82,13 @@ class Worker:
         self._hurry = asyncio.Event()
         self._stopping = False
         self._inflight: dict[asyncio.Task[None], Claimed] = {}
-        self._slot_freed = asyncio.Event()
+        self._changed = asyncio.Event()  # a slot freed or finished elements were written
         self._acks: list[Claimed] = []
         self._failures: list[Failure] = []
         self._flush_wanted = asyncio.Event()
         self._closing = False
+        self._flushes = 0
+        self._flushing = False
 
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period."""
@@ -138,11 +140,14 @@ class Worker:
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:
-                self._slot_freed.clear()
-                await self._wait_any([self._slot_freed, self._stop], None)
+                self._changed.clear()
+                await self._wait_any([self._changed, self._stop], None)
                 continue
+            # Cleared before the claim, so whatever happens from here on wakes the wait below.
             listener.event.clear()
+            self._changed.clear()
             want = min(free, CLAIM_BATCH)
+            flushes = self._flushes
             result = await backend.claim(self.queues, worker=self.id, limit=want, lease=self.lease)
             for claimed in result.elements:
                 self._start(backend, claimed)
@@ -150,15 +155,19 @@ class Worker:
                 continue
             now = backend.now()
             timeout = MAX_IDLE if result.next_at is None else max(0.0, result.next_at - now)
-            if self.burst and not self._inflight and not result.elements:
+            # The claim decided on the queue as it was: only trust its `next_at` for an exit
+            # if no finished element was written meanwhile.
+            settled = flushes == self._flushes and not (
+                self._flushing or self._acks or self._failures
+            )
+            if self.burst and settled and not self._inflight and not result.elements:
                 if await self._burst_done(backend, result.next_at, now):
                     return
                 timeout = min(timeout, BURST_RECHECK)
             if result.elements:
                 continue
-            self._slot_freed.clear()
             await self._wait_any(
-                [listener.event, self._slot_freed, self._stop], min(timeout, MAX_IDLE)
+                [listener.event, self._changed, self._stop], min(timeout, MAX_IDLE)
             )
 
     async def _burst_done(self, backend: Backend, next_at: float | None, now: float) -> bool:
@@ -185,7 +194,7 @@ class Worker:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.pop(task, None)
-        self._slot_freed.set()
+        self._changed.set()
 
     async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
         task = self.tasks[claimed.queue]
@@ -250,16 +259,21 @@ class Worker:
     async def _flush(self, backend: Backend) -> None:
         acks, self._acks = self._acks, []
         failures, self._failures = self._failures, []
+        self._flushing = True
         try:
             if acks:
                 await backend.ack(acks)
                 acks = []
             if failures:
                 await backend.fail(failures)
+            self._flushes += 1
+            self._changed.set()
         except BaseException:
             self._acks[:0] = acks
             self._failures[:0] = failures
             raise
+        finally:
+            self._flushing = False
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
         interval = max(0.05, self.lease / 3)
@@ -281,8 +295,8 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._slot_freed.clear()
-            await self._wait_any([self._slot_freed, self._hurry], left)
+            self._changed.clear()
+            await self._wait_any([self._changed, self._hurry], left)
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)

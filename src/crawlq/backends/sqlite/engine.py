@@ -51,10 +51,11 @@ class _Queue:
 def merge(items: Iterable[Schedule]) -> dict[tuple[str, str], Schedule]:
     """Folds repeated schedules of one element in a batch as if applied one after another."""
     merged: dict[tuple[str, str], Schedule] = {}
+    overwrite = Mode.OVERWRITE
     for item in items:
         slot = (item.queue, item.key)
         prev = merged.get(slot)
-        if prev is None or item.mode is Mode.OVERWRITE:
+        if prev is None or item.mode is overwrite:
             merged[slot] = item
         elif item.mode is Mode.ONLY_IF_EARLIER and item.due < prev.due:
             mode = Mode.OVERWRITE if prev.mode is Mode.OVERWRITE else Mode.ONLY_IF_EARLIER
@@ -163,18 +164,23 @@ class Engine:
         with store.transaction():
             now = self.clock()
             rules: list[LimitRule] = []
+            queues = {name: self._queue(name) for name in {item.queue for item in merged.values()}}
+            groups = self._groups
             rows = []
             for item in merged.values():
-                queue = self._queue(item.queue)
+                queue = queues[item.queue]
                 if queue is None:
                     raise UnknownQueue(item.queue)
+                group_id = groups.get(item.group)
+                if group_id is None:
+                    group_id = self._group_id(item.group, rules)
                 digest = key_hash(item.key) if queue.seen and not item.revisit else None
                 rows.append(
                     (
                         queue.id,
                         item.key,
                         item.payload,
-                        self._group_id(item.group, rules),
+                        group_id,
                         item.due,
                         item.priority,
                         item.mode.value,
@@ -199,6 +205,7 @@ class Engine:
         store = self.store
         store.run("batch_clear")
         store.many("batch_add", rows)
+        store.run("batch_classify")
         skipped = 0
         if any(row[7] is not None for row in rows):
             skipped = store.run("batch_drop_seen").rowcount
@@ -206,6 +213,9 @@ class Engine:
         store.run("batch_touch_moved")
         moved = store.run("batch_move_queued", {"now": now}).rowcount
         added = store.run("batch_insert_new", {"now": now}).rowcount
+        if added:
+            store.run("batch_count_new_in_queues", {"now": now})
+            store.run("batch_count_new_in_groups")
         store.run("batch_touch_ready", {"now": now})
         pairs = set(store.run("touched_take").fetchall())
         store.run("touched_clear")

@@ -5,6 +5,7 @@
 CREATE TEMP TABLE IF NOT EXISTS batch (
     queue_id INTEGER NOT NULL, key TEXT NOT NULL, payload TEXT, group_id INTEGER NOT NULL,
     due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER,
+    old_id INTEGER, old_state INTEGER, old_due REAL, old_group INTEGER,  -- the queued twin
     PRIMARY KEY (queue_id, key)
 );
 CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INTEGER NOT NULL);
@@ -16,39 +17,52 @@ DELETE FROM temp.batch;
 INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?);
 
+-- name: batch_classify
+UPDATE temp.batch SET old_id = e.id, old_state = e.state, old_due = e.due, old_group = e.group_id
+  FROM elements e
+ WHERE e.queue_id = batch.queue_id AND e.key = batch.key;
+
 -- name: batch_drop_seen
 -- Keys finished before (and not queued now) are skipped unless a revisit was asked (h NULL).
 DELETE FROM temp.batch
- WHERE h IS NOT NULL
-   AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h)
-   AND NOT EXISTS (SELECT 1 FROM elements e WHERE e.queue_id = batch.queue_id AND e.key = batch.key);
+ WHERE h IS NOT NULL AND old_id IS NULL
+   AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h);
 
 -- name: batch_defer_running
 -- A running element is never started twice: remember the new schedule for when it finishes.
 UPDATE elements SET next_due = b.due, next_priority = b.priority
   FROM temp.batch b
- WHERE elements.queue_id = b.queue_id AND elements.key = b.key AND elements.state = 2
+ WHERE elements.id = b.old_id AND b.old_state = 2
    AND (b.mode = 0 OR (b.mode = 1 AND (elements.next_due IS NULL OR b.due < elements.next_due)));
 
 -- name: batch_touch_moved
 INSERT INTO temp.touched (queue_id, group_id)
-SELECT e.queue_id, e.group_id
-  FROM temp.batch b JOIN elements e ON e.queue_id = b.queue_id AND e.key = b.key
- WHERE e.state < 2 AND (b.mode = 0 OR (b.mode = 1 AND b.due < e.due));
+SELECT queue_id, old_group FROM temp.batch
+ WHERE old_state < 2 AND (mode = 0 OR (mode = 1 AND due < old_due));
 
 -- name: batch_move_queued
 UPDATE elements
    SET due = b.due, priority = b.priority, payload = b.payload, group_id = b.group_id,
        state = CASE WHEN b.due > :now THEN 0 ELSE 1 END
   FROM temp.batch b
- WHERE elements.queue_id = b.queue_id AND elements.key = b.key AND elements.state < 2
-   AND (b.mode = 0 OR (b.mode = 1 AND b.due < elements.due));
+ WHERE elements.id = b.old_id AND b.old_state < 2
+   AND (b.mode = 0 OR (b.mode = 1 AND b.due < b.old_due));
 
 -- name: batch_insert_new
 INSERT INTO elements (queue_id, key, payload, group_id, priority, due, state)
 SELECT queue_id, key, payload, group_id, priority, due, CASE WHEN due > :now THEN 0 ELSE 1 END
-  FROM temp.batch WHERE true
-    ON CONFLICT (queue_id, key) DO NOTHING;
+  FROM temp.batch WHERE old_id IS NULL;
+
+-- name: batch_count_new_in_queues
+UPDATE counts SET n = counts.n + c.n
+  FROM (SELECT queue_id, CASE WHEN due > :now THEN 0 ELSE 1 END AS state, count(*) AS n
+          FROM temp.batch WHERE old_id IS NULL GROUP BY 1, 2) AS c
+ WHERE counts.queue_id = c.queue_id AND counts.state = c.state;
+
+-- name: batch_count_new_in_groups
+UPDATE groups SET queued = groups.queued + c.n
+  FROM (SELECT group_id, count(*) AS n FROM temp.batch WHERE old_id IS NULL GROUP BY 1) AS c
+ WHERE groups.id = c.group_id;
 
 -- name: batch_touch_ready
 INSERT INTO temp.touched (queue_id, group_id)

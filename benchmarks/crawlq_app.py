@@ -1,0 +1,22 @@
+"""The tasks crawlq's benchmarks run: the same no-op and I/O work as the peers' tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import crawlq
+from benchmarks.common import mark_done
+
+app = crawlq.App(os.environ.get("CRAWLQ_BACKEND"))
+
+
+@app.task(group=None)
+async def noop(ctx: crawlq.Context, n: int) -> None:
+    mark_done()
+
+
+@app.task(group=None)
+async def io(ctx: crawlq.Context, n: int) -> None:
+    await asyncio.sleep(0.05)
+    mark_done()

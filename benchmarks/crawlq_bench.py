@@ -1,0 +1,230 @@
+"""crawlq's queue benchmarks on the embedded SQLite backend.
+
+    python -m benchmarks.crawlq_bench [--json OUT] [--big 1000000]
+
+- schedule rate: single schedules (one transaction each) and bulk (batches of 10,000);
+- drain rate of no-op tasks and the I/O workload (2,000 tasks sleeping 50 ms) with 1 and
+  2 worker processes, measured like the peers' (benchmarks.common);
+- claim rate with 10,000 and with 1,000,000 queued elements in 10,000 groups, 90% blocked;
+- a worker's peak RSS while draining a queue of 20,000 and one of 1,000,000 elements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import crawlq
+from benchmarks.common import MARKER_ENV, PeakRSS, run_workers, wait_for_completions
+from crawlq.backends import Backend, open_backend
+from crawlq.tasks import prepare
+from crawlq.types import Limit, LimitRule, QueueConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOOP_TASKS = 20_000
+IO_TASKS = 2_000
+GROUPS = 10_000
+CLAIMS = 1_000
+WORKER_SLOTS = "500"
+
+
+def result(name: str, **fields: Any) -> dict[str, Any]:
+    return {"system": "crawlq", "version": crawlq.__version__, "workload": name, **fields}
+
+
+async def _open(path: Path) -> Backend:
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    return backend
+
+
+async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
+    app = crawlq.App(f"sqlite:///{folder / 'schedule.db'}")
+    single = app.task(group=None, queue="single")(lambda ctx, n: None)
+    bulk = app.task(queue="bulk")(lambda ctx, n: None)
+    singles = 5_000
+    started = time.perf_counter()
+    for n in range(singles):
+        await app.aschedule(single, n)
+    single_seconds = time.perf_counter() - started
+    urls = [f"http://site{n % 1000}.bench/page/{n}" for n in range(200_000)]
+    started = time.perf_counter()
+    for offset in range(0, len(urls), 10_000):
+        await app.aschedule_many(bulk, urls[offset : offset + 10_000])
+    bulk_seconds = time.perf_counter() - started
+    await app.aclose()
+    return [
+        result(
+            "schedule-single",
+            tasks=singles,
+            seconds=single_seconds,
+            rate=singles / single_seconds,
+            config="await app.aschedule(), one element a call",
+        ),
+        result(
+            "schedule-bulk",
+            tasks=len(urls),
+            seconds=bulk_seconds,
+            rate=len(urls) / bulk_seconds,
+            config="await app.aschedule_many(), 10,000 URLs in 1,000 hosts a call",
+        ),
+    ]
+
+
+def _worker_env(db: Path, marker: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(CRAWLQ_BACKEND=f"sqlite:///{db}", PYTHONPATH=str(REPO_ROOT))
+    env[MARKER_ENV] = str(marker)
+    return env
+
+
+def drain(
+    folder: Path, workload: str, processes: int, tasks: int, queued: int = 0
+) -> dict[str, Any]:
+    """Schedules `queued` (default `tasks`) elements, starts workers, times `tasks` completions."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{processes}-", dir=folder))
+    db, marker = run_dir / "queue.db", run_dir / "done"
+    env = _worker_env(db, marker)
+    os.environ["CRAWLQ_BACKEND"] = env["CRAWLQ_BACKEND"]
+    from benchmarks import crawlq_app
+
+    app = crawlq.App(env["CRAWLQ_BACKEND"])
+    app.tasks = dict(crawlq_app.app.tasks)
+    enqueue_started = time.perf_counter()
+    total = queued or tasks
+    for offset in range(0, total, 50_000):
+        app.schedule_many(workload, range(offset, min(total, offset + 50_000)))
+    enqueue_seconds = time.perf_counter() - enqueue_started
+    app.close()
+    command = [
+        sys.executable,
+        "-m",
+        "crawlq",
+        "worker",
+        "benchmarks.crawlq_app:app",
+        "--queue",
+        workload,
+        "-c",
+        WORKER_SLOTS,
+    ]
+    log = run_dir / "workers.log"
+    with (
+        run_workers([command] * processes, env, log, cwd=REPO_ROOT) as workers,
+        PeakRSS([p.pid for p in workers.procs]) as rss,
+    ):
+        measured = wait_for_completions(marker, tasks, 300, check=workers.check_alive)
+    return result(
+        workload,
+        processes=processes,
+        tasks=tasks,
+        queued=total,
+        enqueue_seconds=enqueue_seconds,
+        seconds=measured.seconds,
+        rate=measured.rate,
+        peak_rss_mb=rss.peak_mb,
+        config=f"SQLite WAL, {processes} x `crawlq worker -c {WORKER_SLOTS}`",
+    )
+
+
+async def claim_rate(folder: Path, queued: int) -> dict[str, Any]:
+    """Claims CLAIMS elements one claim at a time, with 90% of the 10,000 groups blocked."""
+    backend = await _open(folder / f"claims-{queued}.db")
+    config = QueueConfig(name="pages")
+    await backend.ensure_queues([config])
+    await backend.set_limits([LimitRule(pattern="*", limit=Limit())])
+    started = time.perf_counter()
+    now = backend.now()
+    batch: list[Any] = []
+    for n in range(queued):
+        batch.append(prepare(config, f"http://g{n % GROUPS}.bench/{n}", due=now))
+        if len(batch) == 50_000:
+            await backend.schedule(batch)
+            batch = []
+    if batch:
+        await backend.schedule(batch)
+    fill_seconds = time.perf_counter() - started
+    for g in range(GROUPS):
+        if g % 10:
+            await backend.block_group(f"g{g}.bench", now + 86_400, "benchmark")
+    started = time.perf_counter()
+    claimed = 0
+    while claimed < CLAIMS:
+        got = await backend.claim(["pages"], worker="bench", limit=1, lease=600)
+        claimed += len(got.elements)
+        if not got.elements:
+            raise RuntimeError(f"only {claimed} claimable of {queued}")
+    seconds = time.perf_counter() - started
+    await backend.close()
+    return result(
+        "claim",
+        queued=queued,
+        groups=GROUPS,
+        blocked_groups=GROUPS * 9 // 10,
+        tasks=CLAIMS,
+        seconds=seconds,
+        rate=CLAIMS / seconds,
+        fill_seconds=fill_seconds,
+        config="backend.claim(limit=1) in a loop, one transaction each",
+    )
+
+
+def _schedule_step(folder: Path) -> list[dict[str, Any]]:
+    return asyncio.run(schedule_rates(folder))
+
+
+def _claim_step(folder: Path, queued: int) -> list[dict[str, Any]]:
+    return [asyncio.run(claim_rate(folder, queued))]
+
+
+def _drain_step(
+    folder: Path, workload: str, processes: int, tasks: int, queued: int = 0
+) -> list[dict[str, Any]]:
+    return [drain(folder, workload, processes, tasks, queued)]
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--big", type=int, default=1_000_000, help="elements of the big queue")
+    parser.add_argument("--only", choices=["schedule", "drain", "claim", "memory"], action="append")
+    args = parser.parse_args(argv)
+    only: set[str] = set(args.only or ["schedule", "drain", "claim", "memory"])
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="crawlq-bench-") as tmp:
+        folder = Path(tmp)
+        steps: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
+        if "schedule" in only:
+            steps.append(("schedule", partial(_schedule_step, folder)))
+        if "drain" in only:
+            for workload, tasks in (("noop", NOOP_TASKS), ("io", IO_TASKS)):
+                for processes in (1, 2):
+                    step = partial(_drain_step, folder, workload, processes, tasks)
+                    steps.append((f"{workload} x{processes}", step))
+        if "claim" in only:
+            for queued in (GROUPS, args.big):
+                steps.append((f"claim {queued}", partial(_claim_step, folder, queued)))
+        if "memory" in only:
+            for queued in (NOOP_TASKS, args.big):
+                step = partial(_drain_step, folder, "noop", 1, NOOP_TASKS, queued)
+                steps.append((f"memory {queued}", step))
+        for label, run_step in steps:
+            print(f"crawlq: {label} ...", file=sys.stderr, flush=True)
+            results.extend(run_step())
+    for r in results:
+        print(json.dumps(r))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
