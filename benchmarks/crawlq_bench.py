@@ -131,6 +131,7 @@ def drain(
         seconds=measured.seconds,
         rate=measured.rate,
         peak_rss_mb=rss.peak_mb,
+        memory=queued > 0,
         config=f"SQLite WAL, {processes} x `crawlq worker -c {WORKER_SLOTS}`",
     )
 

@@ -38,6 +38,8 @@ NO_GROUP_ID = 0
 WORKER_TTL = 120.0
 
 Pair = tuple[int, int]
+#: What lookup_lease returns: queue_id, group_id, state, next_due, next_priority, seen.
+Lease = tuple[int, int, int, float | None, int | None, int]
 
 
 class _Queue:
@@ -328,13 +330,7 @@ class Engine:
         if state == READY:
             pairs.add(pair)
 
-    def _finish(
-        self,
-        element: Claimed,
-        row: tuple[int, int, int, float | None, int, int],
-        now: float,
-        pairs: set[Pair],
-    ) -> None:
+    def _finish(self, element: Claimed, row: Lease, now: float, pairs: set[Pair]) -> None:
         """Done with an element: queued afresh if scheduled while running, else removed."""
         queue_id, group_id, state, next_due, _, seen = row
         if seen:
@@ -348,62 +344,61 @@ class Engine:
             if state == READY:
                 pairs.add((queue_id, group_id))
 
-    def _leased(self, element: Claimed) -> tuple[int, int, int, float | None, int, int] | None:
-        row = self.store.run("lookup_lease", {"id": element.ref, "attempt": element.attempt})
-        found: tuple[int, int, int, float | None, int, int] | None = row.fetchone()
-        return found
+    def _each_leased(
+        self,
+        elements: Sequence[Claimed],
+        action: Callable[[int, Lease, float, set[Pair]], None],
+        *,
+        running_only: bool,
+    ) -> list[str]:
+        """Applies `action(i, lease, now, pairs)` to each element whose lease is still this run's
+        (its attempt fences it), in one transaction; returns whom to wake."""
+        pairs: set[Pair] = set()
+        gates: set[int] = set()
+        with self.store.transaction():
+            now = self.clock()
+            for i, element in enumerate(elements):
+                params = {"id": element.ref, "attempt": element.attempt}
+                lease: Lease | None = self.store.run("lookup_lease", params).fetchone()
+                if lease is None or (running_only and lease[2] != RUNNING):
+                    continue
+                if lease[2] == RUNNING:
+                    gates.add(lease[1])
+                action(i, lease, now, pairs)
+            return self._wake_addresses() if self._settle(pairs, gates, now) else []
 
     def ack(self, elements: Sequence[Claimed]) -> list[str]:
-        pairs: set[Pair] = set()
-        gates: set[int] = set()
-        with self.store.transaction():
-            now = self.clock()
-            for element in elements:
-                row = self._leased(element)
-                if row is None:
-                    continue
-                if row[2] == RUNNING:
-                    gates.add(row[1])
-                self._finish(element, row, now, pairs)
-            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+        def done(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
+            self._finish(elements[i], lease, now, pairs)
+
+        # An element whose lease expired, but that no one ran again yet, is done too.
+        return self._each_leased(elements, done, running_only=False)
 
     def fail(self, failures: Sequence[Failure]) -> list[str]:
-        pairs: set[Pair] = set()
-        gates: set[int] = set()
-        with self.store.transaction():
-            now = self.clock()
-            for failure in failures:
-                element = failure.element
-                row = self._leased(element)
-                if row is None or row[2] != RUNNING:
-                    continue
-                pair = (row[0], row[1])
-                gates.add(row[1])
-                if failure.retry_at is not None:
-                    self._requeue(element.ref, failure.retry_at, now, 0, failure.error, pair, pairs)
-                else:
-                    params = {
-                        "id": element.ref,
-                        "error": failure.error,
-                        "traceback": failure.traceback,
-                        "now": now,
-                    }
-                    self.store.run("bury", params)
-                    self._finish(element, row, now, pairs)
-            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+        def failed(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
+            failure = failures[i]
+            element = failure.element
+            if failure.retry_at is not None:
+                pair = (lease[0], lease[1])
+                self._requeue(element.ref, failure.retry_at, now, 0, failure.error, pair, pairs)
+                return
+            params = {
+                "id": element.ref,
+                "error": failure.error,
+                "traceback": failure.traceback,
+                "now": now,
+            }
+            self.store.run("bury", params)
+            self._finish(element, lease, now, pairs)
+
+        return self._each_leased([f.element for f in failures], failed, running_only=True)
 
     def release(self, elements: Sequence[Claimed]) -> list[str]:
-        pairs: set[Pair] = set()
-        gates: set[int] = set()
-        with self.store.transaction():
-            now = self.clock()
-            for element in elements:
-                row = self._leased(element)
-                if row is None or row[2] != RUNNING:
-                    continue
-                gates.add(row[1])
-                self._requeue(element.ref, element.due, now, -1, None, (row[0], row[1]), pairs)
-            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+        def returned(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
+            element = elements[i]
+            self._requeue(element.ref, element.due, now, -1, None, (lease[0], lease[1]), pairs)
+
+        return self._each_leased(elements, returned, running_only=True)
 
     def heartbeat(self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float) -> None:
         with self.store.transaction():
