@@ -92,11 +92,13 @@ def crawlq_table(results: list[dict[str, Any]]) -> str:
             f"| claim, {r['queued']:,} queued in {r['groups']:,} groups, "
             f"{r['blocked_groups']:,} blocked ({r['config']}) | {r['rate']:,.0f} claims/s |"
         )
-    if len(claims) == 2:
-        small, big = sorted(claims, key=lambda r: r["queued"])
+    for per_claim in sorted({r["per_claim"] for r in claims}):
+        small, *_, big = sorted(
+            (r for r in claims if r["per_claim"] == per_claim), key=lambda r: r["queued"]
+        )
         rows.append(
-            f"| claim rate at {big['queued']:,} / at {small['queued']:,} | "
-            f"{big['rate'] / small['rate']:.0%} |"
+            f"| claim rate at {big['queued']:,} / at {small['queued']:,}, {per_claim} a claim |"
+            f" {big['rate'] / small['rate']:.0%} |"
         )
     memory = [r for r in results if r.get("memory")]
     for r in memory:
