@@ -61,6 +61,11 @@ async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
     for offset in range(0, len(urls), 10_000):
         await app.aschedule_many(bulk, urls[offset : offset + 10_000])
     bulk_seconds = time.perf_counter() - started
+    plain = app.task(group=None, queue="plain")(lambda ctx, n: None)
+    started = time.perf_counter()
+    for offset in range(0, len(urls), 10_000):
+        await app.aschedule_many(plain, range(offset, offset + 10_000))
+    plain_seconds = time.perf_counter() - started
     await app.aclose()
     return [
         result(
@@ -76,6 +81,13 @@ async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
             seconds=bulk_seconds,
             rate=len(urls) / bulk_seconds,
             config="await app.aschedule_many(), 10,000 URLs in 1,000 hosts a call",
+        ),
+        result(
+            "schedule-bulk-plain",
+            tasks=len(urls),
+            seconds=plain_seconds,
+            rate=len(urls) / plain_seconds,
+            config="await app.aschedule_many(), 10,000 integers (no group) a call",
         ),
     ]
 

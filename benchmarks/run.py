@@ -83,7 +83,7 @@ def drain_table(results: list[dict[str, Any]]) -> str:
 def crawlq_table(results: list[dict[str, Any]]) -> str:
     rows = ["| measure | result |", "|---|---|"]
     by = {r["workload"]: r for r in results if r["system"] == "crawlq"}
-    for name in ("schedule-single", "schedule-bulk"):
+    for name in ("schedule-single", "schedule-bulk", "schedule-bulk-plain"):
         if name in by:
             rows.append(f"| {name} ({by[name]['config']}) | {by[name]['rate']:,.0f} elements/s |")
     claims = [r for r in results if r["workload"] == "claim"]

@@ -159,6 +159,20 @@ def test_sync_schedule_from_plain_code(app: App) -> None:
     assert stats.total == 3
 
 
+async def test_a_task_declared_after_connecting_can_be_scheduled(app: App) -> None:
+    @app.task(group=None)
+    async def early(ctx: Context, n: int) -> None: ...
+
+    await app.aschedule(early, 1)
+
+    @app.task(group=None)
+    async def late(ctx: Context, n: int) -> None: ...
+
+    result = await app.aschedule(late, 1)
+    await app.aclose()
+    assert result.added == 1
+
+
 def test_bad_input_is_refused_clearly(app: App) -> None:
     @app.task
     async def fetch(ctx: Context, url: str) -> None: ...

@@ -119,6 +119,7 @@ class App:
             )
             task: Task[Any] = Task(fn, options)
             self.tasks[name] = task
+            self._ready.clear()  # store the new queue before the next use
             return task
 
         return register(function) if function is not None else register

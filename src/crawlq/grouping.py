@@ -41,25 +41,13 @@ def url_host(url: str) -> str:
 
 def _plain_host(url: str) -> str | None:
     """The host of a plain http(s)://host[:port]/... URL, fast; None for anything unusual."""
-    if url.startswith("https://"):
-        start = 8
-    elif url.startswith("http://"):
-        start = 7
-    else:
-        return None
-    end = len(url)
-    for stop in "/?#":
-        found = url.find(stop, start, end)
-        if found != -1:
-            end = found
-    netloc = url[start:end]
-    host, _, port = netloc.partition(":")
-    if not host or not _PLAIN_HOST.fullmatch(host) or (port and not port.isdigit()):
-        return None
-    return host.lower()
+    match = _PLAIN_URL.match(url)
+    return match.group(1).lower() if match else None
 
 
-_PLAIN_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?")
+_PLAIN_URL = re.compile(
+    r"https?://([A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)(?::[0-9]{1,5})?(?=[/?#]|$)"
+)
 
 
 @lru_cache(maxsize=4096)

@@ -38,8 +38,8 @@ NO_GROUP_ID = 0
 WORKER_TTL = 120.0
 
 Pair = tuple[int, int]
-#: What lookup_lease returns: queue_id, group_id, state, next_due, next_priority, seen.
-Lease = tuple[int, int, int, float | None, int | None, int]
+#: What lookup_lease returns: queue_id, group_id, state, next_due, next_priority, seen, h.
+Lease = tuple[int, int, int, float | None, int | None, int, int]
 
 
 class _Queue:
@@ -176,7 +176,6 @@ class Engine:
                 group_id = groups.get(item.group)
                 if group_id is None:
                     group_id = self._group_id(item.group, rules)
-                digest = key_hash(item.key) if queue.seen and not item.revisit else None
                 rows.append(
                     (
                         queue.id,
@@ -186,7 +185,8 @@ class Engine:
                         item.due,
                         item.priority,
                         item.mode.value,
-                        digest,
+                        key_hash(item.key),
+                        queue.seen and not item.revisit,
                     )
                 )
             skipped, deferred, moved, added = self._apply_batch(rows, now)
@@ -209,7 +209,7 @@ class Engine:
         store.many("batch_add", rows)
         store.run("batch_classify")
         skipped = 0
-        if any(row[7] is not None for row in rows):
+        if any(row[8] for row in rows):
             skipped = store.run("batch_drop_seen").rowcount
         deferred = store.run("batch_defer_running").rowcount
         store.run("batch_touch_moved")
@@ -332,9 +332,9 @@ class Engine:
 
     def _finish(self, element: Claimed, row: Lease, now: float, pairs: set[Pair]) -> None:
         """Done with an element: queued afresh if scheduled while running, else removed."""
-        queue_id, group_id, state, next_due, _, seen = row
+        queue_id, group_id, state, next_due, _, seen, digest = row
         if seen:
-            self.store.run("remember_seen", {"queue_id": queue_id, "h": key_hash(element.key)})
+            self.store.run("remember_seen", {"queue_id": queue_id, "h": digest})
         if state == RUNNING and next_due is not None:
             self.store.run("requeue_pending", {"id": element.ref, "now": now})
             if next_due <= now:
@@ -590,7 +590,17 @@ class Engine:
                 return len(rows), []
             self._apply_batch(
                 [
-                    (found.id, key, payload, gid, now, 0, Mode.OVERWRITE.value, None)
+                    (
+                        found.id,
+                        key,
+                        payload,
+                        gid,
+                        now,
+                        0,
+                        Mode.OVERWRITE.value,
+                        key_hash(key),
+                        False,
+                    )
                     for key, payload, gid in rows
                 ],
                 now,

@@ -4,7 +4,8 @@
 -- name: create_temp_tables
 CREATE TEMP TABLE IF NOT EXISTS batch (
     queue_id INTEGER NOT NULL, key TEXT NOT NULL, payload TEXT, group_id INTEGER NOT NULL,
-    due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER,
+    due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER NOT NULL,
+    check_seen INTEGER NOT NULL,
     old_id INTEGER, old_state INTEGER, old_due REAL, old_group INTEGER,  -- the queued twin
     PRIMARY KEY (queue_id, key)
 );
@@ -14,18 +15,18 @@ CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INT
 DELETE FROM temp.batch;
 
 -- name: batch_add
-INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h, check_seen)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: batch_classify
 UPDATE temp.batch SET old_id = e.id, old_state = e.state, old_due = e.due, old_group = e.group_id
   FROM elements e
- WHERE e.queue_id = batch.queue_id AND e.key = batch.key;
+ WHERE e.queue_id = batch.queue_id AND e.h = batch.h AND e.key = batch.key;
 
 -- name: batch_drop_seen
--- Keys finished before (and not queued now) are skipped unless a revisit was asked (h NULL).
+-- Keys finished before (and not queued now) are skipped unless a revisit was asked.
 DELETE FROM temp.batch
- WHERE h IS NOT NULL AND old_id IS NULL
+ WHERE check_seen AND old_id IS NULL
    AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h);
 
 -- name: batch_defer_running
@@ -49,8 +50,8 @@ UPDATE elements
    AND (b.mode = 0 OR (b.mode = 1 AND b.due < b.old_due));
 
 -- name: batch_insert_new
-INSERT INTO elements (queue_id, key, payload, group_id, priority, due, state)
-SELECT queue_id, key, payload, group_id, priority, due, CASE WHEN due > :now THEN 0 ELSE 1 END
+INSERT INTO elements (queue_id, h, key, payload, group_id, priority, due, state)
+SELECT queue_id, h, key, payload, group_id, priority, due, CASE WHEN due > :now THEN 0 ELSE 1 END
   FROM temp.batch WHERE old_id IS NULL;
 
 -- name: batch_count_new_in_queues
@@ -136,7 +137,7 @@ SELECT min(lease_until) FROM elements WHERE state = 2;
 
 -- name: lookup_lease
 -- `attempts` fences the lease: an ack from a run whose lease expired and was re-run is stale.
-SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen
+SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen, e.h
   FROM elements e JOIN queues q ON q.id = e.queue_id
  WHERE e.id = :id AND e.attempts = :attempt;
 
@@ -165,9 +166,6 @@ DELETE FROM elements WHERE id = :id;
 
 -- name: remember_seen
 INSERT OR IGNORE INTO seen (queue_id, h) VALUES (:queue_id, :h);
-
--- name: element_key
-SELECT key FROM elements WHERE id = :id;
 
 -- name: bury
 INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at)

@@ -50,6 +50,7 @@ INSERT INTO limits VALUES ('*', 4, 0);
 CREATE TABLE elements (
     id            INTEGER PRIMARY KEY,
     queue_id      INTEGER NOT NULL,
+    h             INTEGER NOT NULL,          -- 64-bit digest of key: a dense identity index
     key           TEXT NOT NULL,
     payload       TEXT,                      -- NULL when the element is its own key
     group_id      INTEGER NOT NULL,
@@ -61,9 +62,11 @@ CREATE TABLE elements (
     worker        TEXT,
     next_due      REAL,                      -- scheduled again while running
     next_priority INTEGER,
-    error         TEXT,
-    UNIQUE (queue_id, key)
+    error         TEXT
 );
+-- Identity: (queue_id, h) finds the candidates, the key itself decides; so a digest collision
+-- costs a comparison, never a lost element. The batch statements keep (queue_id, key) unique.
+CREATE INDEX elements_identity ON elements (queue_id, h);
 CREATE INDEX elements_delayed ON elements (queue_id, due) WHERE state = 0;
 CREATE INDEX elements_ready ON elements (queue_id, group_id, priority DESC, due, id) WHERE state = 1;
 CREATE INDEX elements_leases ON elements (lease_until) WHERE state = 2;
