@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .checks import finite, int64
 from .errors import ConfigError, InvalidElement
 from .grouping import GroupFunction, group_of
 from .identity import canonical_json
@@ -118,8 +119,8 @@ def prepare(
     payload = canonical_json(element, queue=config.name)
     if config.custom_key and key is None:
         raise ConfigError(f"queue {config.name!r} derives keys in its task's code: pass the app")
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ConfigError(f"priority must be an integer, got {priority!r}")
+    int64(priority, "priority")
+    finite(due, "due time")
     identity = payload if key is None else str(key(element))
     try:
         group = group_of(element, config.group_by, group_function)

@@ -117,8 +117,10 @@ class Limit:
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.interval < 0:
-            raise ValueError(f"interval must not be negative, got {self.interval}")
+        if self.concurrency is not None and self.concurrency >= 2**63:
+            raise ValueError(f"concurrency must fit in 64 bits, got {self.concurrency}")
+        if not 0 <= self.interval < float("inf"):
+            raise ValueError(f"interval must be a finite number >= 0, got {self.interval}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from ..checks import finite
+from ..errors import ConfigError, CrawlqError
+from ..identity import canonical_json
 from ..limits import check_pattern
 from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
 from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
@@ -148,13 +151,21 @@ def dead_list(
         click.echo(f"{when}  attempts={d.attempts}  {d.payload}\n    {d.error}")
 
 
+def _canonical_key(key: str) -> str:
+    """A key as stored: JSON keys in canonical form whatever their spelling; others as given."""
+    try:
+        return canonical_json(json.loads(key))
+    except (ValueError, CrawlqError):
+        return key
+
+
 def _take(queue: str, keys: tuple[str, ...], all_: bool, url: str, requeue: bool) -> int:
     if not keys and not all_:
         raise click.UsageError("name the KEYs (canonical JSON, as `dead list` shows) or pass --all")
 
     async def main() -> int:
         async with connected(url) as backend:
-            chosen = None if all_ else list(keys)
+            chosen = None if all_ else [_canonical_key(key) for key in keys]
             if requeue:
                 return await backend.requeue_dead(queue, chosen)
             return await backend.purge_dead(queue, chosen)
@@ -196,16 +207,36 @@ def dead_purge(
 @click.pass_context
 def limits(ctx: click.Context, backend_url: str | None, app_spec: str | None) -> None:
     """Per-group politeness rules (glob patterns); changes apply to running workers at once."""
-    ctx.obj = resolve_url(app_spec, backend_url)[1]
+    ctx.obj = (app_spec, backend_url)
     if ctx.invoked_subcommand is None:
         ctx.invoke(limits_list)
 
 
+def _limits_url(ctx: click.Context, app_spec: str | None, backend_url: str | None) -> str:
+    """--backend/--app given after the subcommand win over those given before it, and any
+    given option wins over CRAWLQ_BACKEND."""
+    outer_app, outer_backend = ctx.obj or (None, None)
+    outer = ctx.parent.get_parameter_source("backend_url") if ctx.parent else None
+    inner = ctx.get_parameter_source("backend_url")
+    env = click.core.ParameterSource.ENVIRONMENT
+    if inner is env and outer is not env and outer_backend:
+        backend_url = None
+    return resolve_url(app_spec or outer_app, backend_url or outer_backend)[1]
+
+
 @limits.command("list")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def limits_list(url: str, as_json: bool = False) -> None:
+@backend_option
+@app_option
+@click.pass_context
+def limits_list(
+    ctx: click.Context,
+    as_json: bool = False,
+    backend_url: str | None = None,
+    app_spec: str | None = None,
+) -> None:
     """The rules, most general first."""
+    url = _limits_url(ctx, app_spec, backend_url)
 
     async def main() -> list[LimitRule]:
         async with connected(url) as backend:
@@ -234,9 +265,19 @@ def limits_list(url: str, as_json: bool = False) -> None:
 @click.option(
     "--interval", type=float, default=0.0, show_default=True, help="Seconds between starts."
 )
-@click.pass_obj
-def limits_set(url: str, pattern: str, concurrency: int | None, interval: float) -> None:
-    """Add or replace the rule for PATTERN (e.g. '*.example.com')."""
+@backend_option
+@app_option
+@click.pass_context
+def limits_set(
+    ctx: click.Context,
+    pattern: str,
+    concurrency: int | None,
+    interval: float,
+    backend_url: str | None,
+    app_spec: str | None,
+) -> None:
+    """Add or replace the rule for PATTERN, such as '*.example.com'."""
+    url = _limits_url(ctx, app_spec, backend_url)
     try:
         rule = LimitRule(
             pattern=check_pattern(pattern),
@@ -255,9 +296,15 @@ def limits_set(url: str, pattern: str, concurrency: int | None, interval: float)
 
 @limits.command("delete")
 @click.argument("pattern")
-@click.pass_obj
-def limits_delete(url: str, pattern: str) -> None:
+@backend_option
+@app_option
+@click.pass_context
+def limits_delete(
+    ctx: click.Context, pattern: str, backend_url: str | None, app_spec: str | None
+) -> None:
     """Remove the rule for PATTERN."""
+    url = _limits_url(ctx, app_spec, backend_url)
+    pattern = check_pattern(pattern)
 
     async def main() -> bool:
         async with connected(url) as backend:
@@ -272,9 +319,20 @@ def limits_delete(url: str, pattern: str) -> None:
 @click.argument("group")
 @click.option("--for", "seconds", type=float, required=True, help="Seconds from now.")
 @click.option("--reason", default="blocked by hand", show_default=True)
-@click.pass_obj
-def limits_block(url: str, group: str, seconds: float, reason: str) -> None:
+@backend_option
+@app_option
+@click.pass_context
+def limits_block(
+    ctx: click.Context,
+    group: str,
+    seconds: float,
+    reason: str,
+    backend_url: str | None,
+    app_spec: str | None,
+) -> None:
     """Start nothing of GROUP (a host) for a while."""
+    url = _limits_url(ctx, app_spec, backend_url)
+    seconds = finite(seconds, "--for")
 
     async def main() -> None:
         async with connected(url) as backend:
@@ -286,9 +344,14 @@ def limits_block(url: str, group: str, seconds: float, reason: str) -> None:
 
 @limits.command("unblock")
 @click.argument("group")
-@click.pass_obj
-def limits_unblock(url: str, group: str) -> None:
+@backend_option
+@app_option
+@click.pass_context
+def limits_unblock(
+    ctx: click.Context, group: str, backend_url: str | None, app_spec: str | None
+) -> None:
     """Lift a block on GROUP."""
+    url = _limits_url(ctx, app_spec, backend_url)
 
     async def main() -> None:
         async with connected(url) as backend:

@@ -143,7 +143,7 @@ def schedule(
     }
 
     async def main() -> ScheduleResult:
-        async with connected(url) as backend:
+        async with connected(url, create=app is not None) as backend:
             if app is not None:
                 await app.publish(backend)
             return await (app or App(url)).aschedule_many(queue, values, backend=backend, **options)

@@ -171,9 +171,10 @@ class Worker:
             )
 
     async def _burst_done(self, backend: Backend, next_at: float | None, now: float) -> bool:
-        """Done when nothing in these queues runs anywhere and nothing is due soon."""
+        """Done when nothing in these queues runs anywhere and nothing can start soon: due
+        elements of a blocked or slow group wait like delayed ones."""
         stats = await backend.queue_stats(self.queues)
-        if any(s.due or s.running for s in stats):
+        if any(s.running for s in stats):
             return False
         return next_at is None or next_at > now + self.burst_horizon
 

@@ -70,6 +70,7 @@ class Store:
                 path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
             )
             self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._refuse_foreign()  # before anything writes: another program's file stays as is
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA synchronous = NORMAL")
             self.db.execute("PRAGMA cache_size = -65536")
@@ -83,7 +84,7 @@ class Store:
         file = Path(self.path)
         if not file.parent.is_dir():
             raise BackendUnavailable(f"cannot create SQLite database {self.path}: no such folder")
-        if not file.exists():
+        if not file.exists() or (not create and file.is_file() and file.stat().st_size == 0):
             if not create:
                 raise BackendUnavailable(f"no crawlq database at {self.path}")
             return
@@ -93,6 +94,12 @@ class Store:
             head = handle.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise BackendCorrupt(f"{self.path} is not a SQLite database")
+
+    def _refuse_foreign(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        tables = self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if version == 0 and tables:
+            raise BackendCorrupt(f"{self.path} is a SQLite database, but not crawlq's")
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -106,8 +113,8 @@ class Store:
                     f"{self.path} has schema {version}, newer than this crawlq knows"
                     f" ({SCHEMA_VERSION}): upgrade crawlq"
                 )
-            if version == 0 and self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise BackendCorrupt(f"{self.path} is a SQLite database, but not crawlq's")
+            if version == 0:
+                self._refuse_foreign()  # another process may have written it meanwhile
             for number, script in MIGRATIONS:
                 if number > version:
                     for statement in _statements(script):
