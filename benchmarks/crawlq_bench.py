@@ -6,7 +6,8 @@
 - drain rate of no-op tasks and the I/O workload (2,000 tasks sleeping 50 ms) with 1 and
   2 worker processes, measured like the peers' (benchmarks.common);
 - claim rate with 10,000 and with 1,000,000 queued elements in 10,000 groups, 90% blocked;
-- a worker's peak RSS while draining a queue of 20,000 and one of 1,000,000 elements.
+- a worker's peak RSS while draining 20,000 elements from queues of 20,000, 1,000,000 and
+  2,000,000 elements.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for queued in (GROUPS, args.big):
                 steps.append((f"claim {queued}", partial(_claim_step, folder, queued)))
         if "memory" in only:
-            for queued in (NOOP_TASKS, args.big):
+            for queued in (NOOP_TASKS, args.big, 2 * args.big):
                 step = partial(_drain_step, folder, "noop", 1, NOOP_TASKS, queued)
                 steps.append((f"memory {queued}", step))
         for label, run_step in steps:

@@ -47,6 +47,13 @@ def run_peers(noop_tasks: int) -> list[dict[str, Any]]:
     return results
 
 
+def _config(r: dict[str, Any]) -> str:
+    config = r.get("config", r.get("error", ""))
+    if isinstance(config, dict):
+        return "; ".join(f"{k}: {v}" for k, v in config.items())
+    return str(config)
+
+
 def _rate(r: dict[str, Any]) -> str:
     return "failed" if "error" in r else f"{r['rate']:,.0f}"
 
@@ -75,7 +82,7 @@ def drain_table(results: list[dict[str, Any]]) -> str:
                 rows.append(
                     f"| {workload} | {processes} | {r['system']} {r.get('version', '')} | "
                     f"{_rate(r)} | {ratio} | {'' if rss is None else f'{rss:.0f}'} | "
-                    f"{r.get('config', r.get('error', ''))} |"
+                    f"{_config(r)} |"
                 )
     return "\n".join(rows)
 
@@ -109,12 +116,12 @@ def crawlq_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def render(results: list[dict[str, Any]], big: int) -> str:
-    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+def render(results: list[dict[str, Any]], when: datetime.datetime) -> str:
     return "\n".join(
         [
             BEGIN,
-            f"Run `{COMMAND}` on {when}; {platform.node()}, {platform.machine()}, "
+            f"Run `{COMMAND}` on {when:%Y-%m-%d %H:%M} UTC; "
+            f"{platform.node()}, {platform.machine()}, "
             f"Python {platform.python_version()}, 2 cores. All systems measured in this run, "
             f"same machine; crawlq on its embedded SQLite file, the peers on one local "
             f"redis-server. Rates count completions between the first and the last, so worker "
@@ -140,11 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", type=Path, help="replace the results in this markdown file")
     parser.add_argument("--json", type=Path, help="also write every result record here")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--from-json", type=Path, help="render saved records, run nothing")
     args = parser.parse_args(argv)
-    results = crawlq_bench.main(["--big", str(args.big)])
-    if not args.skip_peers:
-        results += run_peers(NOOP_TASKS)
-    text = render(results, args.big)
+    when = datetime.datetime.now(datetime.UTC)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+        when = datetime.datetime.fromtimestamp(args.from_json.stat().st_mtime, datetime.UTC)
+    else:
+        results = crawlq_bench.main(["--big", str(args.big)])
+        if not args.skip_peers:
+            results += run_peers(NOOP_TASKS)
+    text = render(results, when)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
@@ -169,9 +168,8 @@ class App:
 
     def close(self) -> None:
         """Closes the backend used by the sync API and its thread."""
-        if any(loop is not None for loop in self._backends):
-            with contextlib.suppress(RuntimeError):
-                self._portal.call(self.aclose())
+        if self._portal.running:
+            self._portal.call(self.aclose())
         self._portal.close()
 
     def __enter__(self) -> App:

@@ -35,6 +35,10 @@ class Portal:
                 self._loop = loop
             return self._loop
 
+    @property
+    def running(self) -> bool:
+        return self._loop is not None
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self._start()
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -136,6 +136,3 @@ def prepare(
         mode=mode,
         revisit=revisit,
     )
-
-
-TaskFunction = Callable[..., Awaitable[Any]] | Callable[..., Any]

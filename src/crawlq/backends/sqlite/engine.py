@@ -103,8 +103,9 @@ class Engine:
     def _group_name(self, group_id: int) -> str:
         name = self._group_names.get(group_id)
         if name is None:
-            row = self.store.db.execute("SELECT name FROM groups WHERE id = ?", (group_id,))
-            name = self._group_names[group_id] = row.fetchone()[0]
+            name = self._group_names[group_id] = self.store.value(
+                "group_name", {"group_id": group_id}
+            )
         return name
 
     def _limit_rules(self) -> list[LimitRule]:
@@ -323,9 +324,6 @@ class Engine:
             "attempts_delta": attempts_delta,
             "error": error,
         }
-        if due is None:
-            sql = "SELECT due FROM elements WHERE id = ?"
-            params["due"] = self.store.db.execute(sql, (element_id,)).fetchone()[0]
         (state,) = self.store.run("requeue", params).fetchone()
         if state == READY:
             pairs.add(pair)

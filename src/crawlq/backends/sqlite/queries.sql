@@ -142,10 +142,11 @@ SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen, e.h
  WHERE e.id = :id AND e.attempts = :attempt;
 
 -- name: requeue
--- Back to the queue at `due` (or at the schedule that arrived while it ran).
+-- Back to the queue at `due` (or at the schedule that arrived while it ran); a NULL `due`
+-- keeps the element's own due time.
 UPDATE elements
-   SET due = coalesce(next_due, :due), priority = coalesce(next_priority, priority),
-       state = CASE WHEN coalesce(next_due, :due) > :now THEN 0 ELSE 1 END,
+   SET due = coalesce(next_due, :due, due), priority = coalesce(next_priority, priority),
+       state = CASE WHEN coalesce(next_due, :due, due) > :now THEN 0 ELSE 1 END,
        attempts = CASE WHEN next_due IS NULL THEN attempts + :attempts_delta ELSE 0 END,
        next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
        error = coalesce(:error, error)
@@ -181,6 +182,9 @@ UPDATE elements SET lease_until = :lease_until
 
 -- name: group_by_name
 SELECT id FROM groups WHERE name = :name;
+
+-- name: group_name
+SELECT name FROM groups WHERE id = :group_id;
 
 -- name: group_insert
 INSERT INTO groups (name, concurrency, interval) VALUES (:name, :concurrency, :interval)

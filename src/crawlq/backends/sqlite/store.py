@@ -73,7 +73,9 @@ class Store:
             self._refuse_foreign()  # before anything writes: another program's file stays as is
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA synchronous = NORMAL")
-            self.db.execute("PRAGMA cache_size = -65536")
+            # A worker's memory must not grow with the queue: the page cache is capped, and
+            # the operating system's file cache holds the rest of a large database.
+            self.db.execute("PRAGMA cache_size = -16384")
             self.db.execute("PRAGMA temp_store = MEMORY")
             self._migrate()
             self.db.executescript(QUERIES["create_temp_tables"])
