@@ -6,9 +6,8 @@ CREATE TEMP TABLE IF NOT EXISTS batch (
     queue_id INTEGER NOT NULL, key TEXT NOT NULL, payload TEXT, group_id INTEGER NOT NULL,
     due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER NOT NULL,
     check_seen INTEGER NOT NULL,
-    old_id INTEGER, old_state INTEGER, old_due REAL, old_group INTEGER,  -- the queued twin
-    PRIMARY KEY (queue_id, key)
-);
+    old_id INTEGER, old_state INTEGER, old_due REAL, old_group INTEGER  -- the queued twin
+);  -- no key index: the engine hands over each (queue, key) once
 CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INTEGER NOT NULL);
 
 -- name: batch_clear
