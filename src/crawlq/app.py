@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 from .backends import DEFAULT_URL, Backend, open_backend
-from .checks import finite
+from .checks import finite, int64
 from .errors import ConfigError, UnknownQueue
 from .limits import check_pattern
 from .portal import Portal
@@ -201,6 +201,7 @@ class App:
         backend = backend or await self.backend()
         mode = schedule_mode(only_if_earlier, only_if_new)
         due = backend.now() + finite(seconds, "seconds (the delay)")
+        int64(priority, "priority")
         task = target if isinstance(target, Task) else self.tasks.get(target)
         if task is not None:
             return [

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .checks import finite, int64
 from .errors import ConfigError, InvalidElement
 from .grouping import GroupFunction, group_of
 from .identity import canonical_json
@@ -116,11 +115,11 @@ def prepare(
     key: KeyFunction | None = None,
     group_function: GroupFunction | None = None,
 ) -> Schedule:
+    """An element as backends take it. Priority and due time are checked once per call by
+    App.prepare, the boundary where they come in."""
     payload = canonical_json(element, queue=config.name)
     if config.custom_key and key is None:
         raise ConfigError(f"queue {config.name!r} derives keys in its task's code: pass the app")
-    int64(priority, "priority")
-    finite(due, "due time")
     identity = payload if key is None else str(key(element))
     try:
         group = group_of(element, config.group_by, group_function)
