@@ -42,6 +42,11 @@ def result(name: str, **fields: Any) -> dict[str, Any]:
     return {"system": "crawlq", "version": crawlq.__version__, "workload": name, **fields}
 
 
+def timed(name: str, tasks: int, seconds: float, config: str, **fields: Any) -> dict[str, Any]:
+    """A result whose rate is simply tasks over seconds."""
+    return result(name, tasks=tasks, seconds=seconds, rate=tasks / seconds, config=config, **fields)
+
+
 async def _open(path: Path) -> Backend:
     backend = open_backend(f"sqlite:///{path}")
     await backend.open()
@@ -69,26 +74,20 @@ async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
     plain_seconds = time.perf_counter() - started
     await app.aclose()
     return [
-        result(
-            "schedule-single",
-            tasks=singles,
-            seconds=single_seconds,
-            rate=singles / single_seconds,
-            config="await app.aschedule(), one element a call",
+        timed(
+            "schedule-single", singles, single_seconds, "await app.aschedule(), one element a call"
         ),
-        result(
+        timed(
             "schedule-bulk",
-            tasks=len(urls),
-            seconds=bulk_seconds,
-            rate=len(urls) / bulk_seconds,
-            config="await app.aschedule_many(), 10,000 URLs in 1,000 hosts a call",
+            len(urls),
+            bulk_seconds,
+            "await app.aschedule_many(), 10,000 URLs in 1,000 hosts a call",
         ),
-        result(
+        timed(
             "schedule-bulk-plain",
-            tasks=len(urls),
-            seconds=plain_seconds,
-            rate=len(urls) / plain_seconds,
-            config="await app.aschedule_many(), 10,000 integers (no group) a call",
+            len(urls),
+            plain_seconds,
+            "await app.aschedule_many(), 10,000 integers (no group) a call",
         ),
     ]
 
@@ -189,17 +188,16 @@ async def claim_rate(folder: Path, queued: int) -> list[dict[str, Any]]:
         await backend.release(taken)
         await backend.close()
         results.append(
-            result(
+            timed(
                 "claim",
+                CLAIMS,
+                seconds,
+                f"backend.claim(limit={per_claim}) in a loop, one transaction each",
                 queued=queued,
                 groups=GROUPS,
                 blocked_groups=GROUPS * 9 // 10,
                 per_claim=per_claim,
-                tasks=CLAIMS,
-                seconds=seconds,
-                rate=CLAIMS / seconds,
                 fill_seconds=fill_seconds,
-                config=f"backend.claim(limit={per_claim}) in a loop, one transaction each",
             )
         )
     return results

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Union
 
+from .checks import INT64
+
 JSON = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]  # noqa: UP007
 
 #: Stands for "never" in due times and gates: a float that sorts after every real time.
@@ -117,7 +119,7 @@ class Limit:
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.concurrency is not None and self.concurrency >= 2**63:
+        if self.concurrency is not None and self.concurrency > INT64[1]:
             raise ValueError(f"concurrency must fit in 64 bits, got {self.concurrency}")
         if not 0 <= self.interval < float("inf"):
             raise ValueError(f"interval must be a finite number >= 0, got {self.interval}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from ...errors import UnknownQueue
 from ...identity import key_hash
@@ -38,6 +39,22 @@ NO_GROUP_ID = 0
 WORKER_TTL = 120.0
 
 Pair = tuple[int, int]
+
+
+class BatchRow(NamedTuple):
+    """One element for the batch statements, in the column order of `batch_add`."""
+
+    queue_id: int
+    key: str
+    payload: str | None
+    group_id: int
+    due: float
+    priority: int
+    mode: int
+    h: int
+    check_seen: bool
+
+
 #: What lookup_lease returns: queue_id, group_id, state, next_due, next_priority, seen, h.
 Lease = tuple[int, int, int, float | None, int | None, int, int]
 
@@ -53,11 +70,10 @@ class _Queue:
 def merge(items: Iterable[Schedule]) -> dict[tuple[str, str], Schedule]:
     """Folds repeated schedules of one element in a batch as if applied one after another."""
     merged: dict[tuple[str, str], Schedule] = {}
-    overwrite = Mode.OVERWRITE
     for item in items:
         slot = (item.queue, item.key)
         prev = merged.get(slot)
-        if prev is None or item.mode is overwrite:
+        if prev is None or item.mode is Mode.OVERWRITE:
             merged[slot] = item
         elif item.mode is Mode.ONLY_IF_EARLIER and item.due < prev.due:
             mode = Mode.OVERWRITE if prev.mode is Mode.OVERWRITE else Mode.ONLY_IF_EARLIER
@@ -178,7 +194,7 @@ class Engine:
                 if group_id is None:
                     group_id = self._group_id(item.group, rules)
                 rows.append(
-                    (
+                    BatchRow(
                         queue.id,
                         item.key,
                         item.payload,
@@ -201,16 +217,14 @@ class Engine:
         )
         return result, wake
 
-    def _apply_batch(
-        self, rows: Sequence[tuple[object, ...]], now: float
-    ) -> tuple[int, int, int, int]:
-        """Applies schedule rows (see batch_add); returns skipped, deferred, moved, added."""
+    def _apply_batch(self, rows: Sequence[BatchRow], now: float) -> tuple[int, int, int, int]:
+        """Applies a batch in one statement each; returns skipped, deferred, moved, added."""
         store = self.store
         store.run("batch_clear")
         store.many("batch_add", rows)
         store.run("batch_classify")
         skipped = 0
-        if any(row[8] for row in rows):
+        if any(row.check_seen for row in rows):
             skipped = store.run("batch_drop_seen").rowcount
         deferred = store.run("batch_defer_running").rowcount
         store.run("batch_touch_moved")
@@ -588,7 +602,7 @@ class Engine:
                 return len(rows), []
             self._apply_batch(
                 [
-                    (
+                    BatchRow(
                         found.id,
                         key,
                         payload,
