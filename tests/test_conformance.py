@@ -16,7 +16,6 @@ from crawlq.backends import Backend, open_backend
 from crawlq.errors import ConfigError, InvalidElement, UnknownQueue
 from crawlq.tasks import prepare
 from crawlq.types import JSON, NEVER, Claimed, Failure, Limit, LimitRule, Mode, QueueConfig
-from crawlq.wakeup import WakeListener
 
 from .helpers import ManualClock, claim, config, schedule, url
 
@@ -333,7 +332,7 @@ async def test_schedule_wakes_an_idle_listener(url: str, clock: ManualClock) -> 
     producer, consumer = open_backend(url, clock=clock), open_backend(url, clock=clock)
     await producer.open()
     await consumer.open()
-    listener = WakeListener()
+    listener = await consumer.listen()
     try:
         await consumer.ensure_queues([config("jobs")])
         info = WorkerInfo(
@@ -350,7 +349,7 @@ async def test_schedule_wakes_an_idle_listener(url: str, clock: ManualClock) -> 
         await schedule(producer, "jobs", ["wake up"])
         await asyncio.wait_for(listener.event.wait(), 10)
     finally:
-        listener.close()
+        await listener.close()
         await producer.close()
         await consumer.close()
 

@@ -14,12 +14,23 @@ import os
 import socket
 import uuid
 from collections.abc import Iterable
+from typing import Protocol
 
 _PREFIX = "crawlq-"
 
 
 def _sockaddr(address: str) -> bytes:
     return b"\0" + address.encode()
+
+
+class Listener(Protocol):
+    """What a worker waits on: `event` is set when another process may have made work
+    claimable; `address` is what the worker publishes so others can reach it."""
+
+    address: str
+    event: asyncio.Event
+
+    async def close(self) -> None: ...
 
 
 class WakeSender:
@@ -62,6 +73,6 @@ class WakeListener:
             pass
         self.event.set()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self._loop.remove_reader(self._sock.fileno())
         self._sock.close()

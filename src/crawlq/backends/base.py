@@ -22,6 +22,7 @@ from ..types import (
     ScheduleResult,
     WorkerInfo,
 )
+from ..wakeup import Listener
 
 
 class Backend(Protocol):
@@ -33,6 +34,9 @@ class Backend(Protocol):
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def listen(self) -> Listener:
+        """A wake-up listener for an idle worker, bound to the running event loop."""
 
     async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
         """Creates or updates queues; their settings are stored for tools without task code."""

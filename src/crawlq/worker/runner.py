@@ -25,7 +25,7 @@ from ..context import Context
 from ..errors import ConfigError
 from ..tasks import Task
 from ..types import Claimed, Failure, WorkerInfo
-from ..wakeup import WakeListener
+from ..wakeup import Listener
 
 log = logging.getLogger("crawlq.worker")
 
@@ -104,7 +104,7 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         backend = await self.app.backend()
-        listener = WakeListener()
+        listener = await backend.listen()
         info = WorkerInfo(
             id=self.id,
             host=socket.gethostname(),
@@ -132,11 +132,11 @@ class Worker:
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
             await backend.unregister_worker(self.id)
-            listener.close()
+            await listener.close()
             log.info("worker %s stopped: %s", self.id, self.stats)
         return self.stats
 
-    async def _claim_loop(self, backend: Backend, listener: WakeListener) -> None:
+    async def _claim_loop(self, backend: Backend, listener: Listener) -> None:
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:

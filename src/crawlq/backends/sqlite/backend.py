@@ -29,7 +29,7 @@ from ...types import (
     ScheduleResult,
     WorkerInfo,
 )
-from ...wakeup import WakeSender
+from ...wakeup import Listener, WakeListener, WakeSender
 from .engine import Engine
 from .store import Store, translate
 
@@ -112,6 +112,9 @@ class SQLiteBackend:
         return result
 
     # -- the Backend protocol ----------------------------------------------------------------
+
+    async def listen(self) -> Listener:
+        return WakeListener()
 
     async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
         await self._call(self.engine.ensure_queues, configs)
