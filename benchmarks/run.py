@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks import crawlq_bench
 from benchmarks.peers import NAMES, Workload
 from benchmarks.peers.run import IO_TASKS, NOOP_TASKS, run_peer
-from benchmarks.redis_server import redis_server
+from crawlq.testing.redis_server import redis_server
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 COMMAND = "bash scripts/bench.sh"

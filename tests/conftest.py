@@ -1,22 +1,25 @@
 """Fixtures shared by every test: a manual clock and one open backend per backend kind.
 
-`backend` is parametrized over every backend crawlq has; the Redis backend joins the list
-with its own server fixture. A backend whose server is missing fails in CI (CI=true).
+`backend` is parametrized over every backend crawlq has. Redis tests share one real
+redis-server on a free loopback port (started here, never skipped: a missing redis-server is
+an error), each test in a namespace of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from crawlq.backends import Backend, open_backend
+from crawlq.testing.redis_server import RedisServer
 from crawlq.types import GroupBy, QueueConfig
 
 from .helpers import ManualClock
 
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", "redis"]
 
 QUEUES = [
     QueueConfig(name="pages"),
@@ -32,15 +35,28 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def backend_url(kind: str, tmp_path: Path) -> str:
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def backend_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'queue.db'}"
+    if kind == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return f"{server.url}?namespace=test-{uuid.uuid4().hex[:12]}"
     raise AssertionError(f"no fixture for backend {kind}")
 
 
 @pytest.fixture(params=BACKENDS)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return backend_url(request.param, tmp_path)
+    return backend_url(request.param, tmp_path, request)
 
 
 @pytest.fixture

@@ -224,7 +224,7 @@ def test_backend_urls_are_checked(tmp_path: Path) -> None:
     from crawlq.backends import open_backend
 
     with pytest.raises(ConfigError, match="not available yet"):
-        open_backend("redis://127.0.0.1:6379/0")
+        open_backend("postgresql://127.0.0.1/crawl")
     with pytest.raises(ConfigError, match="unknown backend URL"):
         open_backend("mysql://x")
     with pytest.raises(ConfigError, match="must look like"):

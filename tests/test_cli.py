@@ -498,7 +498,7 @@ def test_backend_from_environment_and_default(cli: Cli) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["redis://localhost:6379/0", "postgresql://localhost/q", "mysql://x", "sqlite://"]
+    "url", ["redis://127.0.0.1:1/0", "postgresql://localhost/q", "mysql://x", "sqlite://"]
 )
 def test_unusable_backend_url_is_refused(cli: Cli, url: str) -> None:
     line = cli.refused("stats", "--backend", url)

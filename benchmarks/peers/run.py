@@ -26,7 +26,7 @@ import redis
 
 from benchmarks.common import MARKER_ENV, PeakRSS, run_workers, wait_for_completions
 from benchmarks.peers import NAMES, URL_ENV, WORKLOADS, Peer, Workload
-from benchmarks.redis_server import redis_server
+from crawlq.testing.redis_server import redis_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOOP_TASKS = 20_000

@@ -1,4 +1,5 @@
-"""Backends by URL: `sqlite:///path.db` (the default, embedded); Redis and PostgreSQL later."""
+"""Backends by URL: `sqlite:///path.db` (the default, embedded), `redis://host:port/db`
+(or `rediss://`, TLS) shared by many machines; PostgreSQL later."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Callable
 
 from ..errors import ConfigError
 from .base import Backend
+from .redis import RedisBackend
+from .redis.backend import redact
 from .sqlite import DEFAULT_URL, SQLiteBackend
 
 __all__ = ["DEFAULT_URL", "Backend", "open_backend"]
@@ -20,6 +23,11 @@ def open_backend(
     scheme = url.partition(":")[0]
     if scheme == "sqlite":
         return SQLiteBackend(url, clock=clock, create=create)
-    if scheme in ("redis", "rediss", "postgresql", "postgres"):
-        raise ConfigError(f"the {scheme} backend is not available yet; use sqlite:///path.db")
-    raise ConfigError(f"unknown backend URL {url!r}: expected sqlite:///path/to/file.db")
+    if scheme in ("redis", "rediss"):
+        return RedisBackend(url, clock=clock, create=create)
+    if scheme in ("postgresql", "postgres"):
+        raise ConfigError(f"the {scheme} backend is not available yet; use sqlite or redis")
+    raise ConfigError(
+        f"unknown backend URL {redact(url)!r}: expected sqlite:///path/to/file.db "
+        "or redis://host:port/db"
+    )

@@ -1,0 +1,475 @@
+"""The Redis backend: the same queue on a shared engine, so workers on many machines keep
+politeness cluster-wide. Each operation is one Lua script (lua/), one atomic step and one
+round trip; the key layout is documented in lua/common.lua and docs/redis.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import msgpack
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
+from ...identity import key_hash
+from ...limits import DEFAULT_LIMIT, specificity
+from ...types import (
+    Claimed,
+    ClaimResult,
+    DeadLetter,
+    Failure,
+    GroupBy,
+    GroupStats,
+    Limit,
+    LimitRule,
+    QueueConfig,
+    QueueStats,
+    Schedule,
+    ScheduleResult,
+    WorkerInfo,
+)
+from ...wakeup import Listener
+from ..sqlite.engine import merge
+from .globs import lua_pattern
+from .listener import RedisListener
+from .scripts import register
+
+DEFAULT_NAMESPACE = "crawlq"
+#: The "seen" digests are spread over this many sets, so each stays a compact intset.
+SEEN_BUCKETS = 1 << 18
+#: A worker is gone when it missed this many seconds of heartbeats.
+WORKER_TTL = 120.0
+SCHEMA_VERSION = "1"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def split_namespace(url: str) -> tuple[str, str]:
+    """Takes crawlq's own `namespace` option out of the query; redis-py gets the rest."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    namespace = DEFAULT_NAMESPACE
+    rest = []
+    for name, value in query:
+        if name == "namespace":
+            namespace = value
+        else:
+            rest.append((name, value))
+    if not namespace or any(ch in namespace for ch in "{}"):
+        raise ConfigError(f"Redis namespace {namespace!r} must be non-empty, without braces")
+    return urlunsplit(parts._replace(query=urlencode(rest))), namespace
+
+
+def _packed(value: Any) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=False)
+    return packed
+
+
+def _unpacked(raw: bytes) -> Any:
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def _digest(key: str) -> tuple[str, str]:
+    digest = key_hash(key)
+    return str(digest), str(digest % SEEN_BUCKETS)
+
+
+class RedisBackend:
+    def __init__(
+        self, url: str, *, clock: Callable[[], float] = time.time, create: bool = True
+    ) -> None:
+        self._url, namespace = split_namespace(url)
+        self.url = redact(url)
+        self.now = clock
+        self.namespace = namespace
+        self.prefix = "{" + namespace + "}:"
+        self._anchor = self.prefix + "queues"
+        self._create = create
+        self._client: Redis | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+
+    async def __aenter__(self) -> RedisBackend:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- connection ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        options: dict[str, Any] = {
+            "socket_connect_timeout": 5.0,
+            "socket_keepalive": True,
+            "health_check_interval": 30,
+            # A restarting server is waited for (about 10 s), then the error surfaces.
+            "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=12),
+            "retry_on_error": [ConnectionError, TimeoutError],
+        }
+        try:
+            client = Redis.from_url(self._url, **options)
+            probe = Redis.from_url(self._url, socket_connect_timeout=5.0)
+        except ValueError as exc:
+            raise ConfigError(f"bad Redis URL {self.url}: {exc}") from None
+        try:
+            # Without retries, so a server that is not there is reported at once.
+            async with probe:
+                await probe.ping()
+            await client.ping()
+            fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
+            if fresh:
+                if not self._create:
+                    await client.delete(self.prefix + "version")
+                    raise BackendUnavailable(
+                        f"no crawlq data in namespace {self.namespace!r} at {self.url}"
+                    )
+                await self._set_default_limit(client)
+        except RedisError as exc:
+            await client.aclose()
+            raise BackendUnavailable(f"cannot reach Redis at {self.url}: {exc}") from None
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client = client
+        self._scripts = register(client)
+
+    async def _set_default_limit(self, client: Redis) -> None:
+        rule = _rule(LimitRule(pattern="*", limit=DEFAULT_LIMIT))
+        stored: Any = client.hset(self.prefix + "limits", mapping={rule[0]: _packed(rule[1:])})
+        await stored  # redis-py types its asyncio commands as "Awaitable or value"
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @property
+    def client(self) -> Redis:
+        if self._client is None:
+            raise BackendError(f"backend {self.url} is not open")
+        return self._client
+
+    async def _run(self, script: str, payload: Any, *extra: str) -> Any:
+        try:
+            return await self._scripts[script](
+                keys=[self._anchor], args=[self.prefix, repr(self.now()), _packed(payload), *extra]
+            )
+        except KeyError:
+            raise BackendError(f"backend {self.url} is not open") from None
+        except (ConnectionError, TimeoutError) as exc:
+            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
+        except RedisError as exc:
+            raise BackendError(f"Redis at {self.url} failed in {script}: {exc}") from None
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Plain commands, with the same error translation as scripts."""
+        try:
+            return await fn()
+        except (ConnectionError, TimeoutError) as exc:
+            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
+        except RedisError as exc:
+            raise BackendError(f"Redis at {self.url} failed: {exc}") from None
+
+    def _queue_key(self, queue: str, kind: str) -> str:
+        return f"{self.prefix}q:{len(queue.encode())}:{queue}:{kind}"
+
+    async def listen(self) -> Listener:
+        return await RedisListener(self.client, self.prefix + "wake").started()
+
+    # -- queues -------------------------------------------------------------------------------
+
+    async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
+        if not configs:
+            return
+        mapping = {c.name: _packed([c.group_by.value, c.custom_key, c.seen]) for c in configs}
+        await self._call(lambda: self.client.hset(self._anchor, mapping=mapping))
+
+    async def queues(self) -> list[QueueConfig]:
+        stored = await self._call(lambda: self.client.hgetall(self._anchor))
+        configs = []
+        for name, raw in stored.items():
+            by, custom, seen = _unpacked(raw)
+            configs.append(
+                QueueConfig(name=name.decode(), group_by=GroupBy(by), custom_key=custom, seen=seen)
+            )
+        return sorted(configs, key=lambda c: c.name)
+
+    # -- schedule, claim, finish --------------------------------------------------------------
+
+    async def schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
+        if not items:
+            return ScheduleResult()
+        batch = []
+        for item in merge(items).values():
+            digest, bucket = _digest(item.key)
+            batch.append(
+                [
+                    item.queue,
+                    item.key,
+                    item.payload if item.payload is not None else False,
+                    item.group,
+                    item.due,
+                    item.priority,
+                    item.mode.value,
+                    digest,
+                    bucket,
+                    item.revisit,
+                ]
+            )
+        result = _unpacked(await self._run("schedule", batch))
+        if result[0] is False:
+            raise UnknownQueue(result[1])
+        added, moved, kept, deferred, skipped = result
+        return ScheduleResult(
+            added=added, moved=moved, kept=kept, deferred=deferred, skipped_seen=skipped
+        )
+
+    async def claim(
+        self, queues: Sequence[str], *, worker: str, limit: int, lease: float
+    ) -> ClaimResult:
+        now = self.now()
+        raw = await self._run("claim", [worker, limit, lease, *queues])
+        next_at, *rows = _unpacked(raw)
+        elements = [
+            Claimed(
+                ref=ref,
+                queue=queue,
+                key=key,
+                payload=payload,
+                group=group,
+                priority=int(priority),
+                due=float(due),
+                attempt=attempt,
+                claimed_at=now,
+                lease_until=now + lease,
+            )
+            for queue, key, payload, group, priority, due, attempt, ref in rows
+        ]
+        return ClaimResult(elements=elements, next_at=None if next_at is False else next_at)
+
+    async def _settle(self, action: str, failures: Sequence[Failure]) -> None:
+        items = []
+        for failure in failures:
+            element = failure.element
+            digest, bucket = _digest(element.key)
+            retry_at = failure.retry_at if failure.retry_at is not None else False
+            items.append(
+                [
+                    element.queue,
+                    element.key,
+                    element.ref,
+                    element.attempt,
+                    digest,
+                    bucket,
+                    element.due,
+                    retry_at,
+                    failure.error,
+                    failure.traceback,
+                ]
+            )
+        await self._run("settle", [action, *items])
+
+    async def ack(self, elements: Sequence[Claimed]) -> None:
+        if elements:
+            await self._settle("ack", [Failure(element=e, error="") for e in elements])
+
+    async def fail(self, failures: Sequence[Failure]) -> None:
+        if failures:
+            await self._settle("fail", failures)
+
+    async def release(self, elements: Sequence[Claimed]) -> None:
+        if elements:
+            await self._settle("release", [Failure(element=e, error="") for e in elements])
+
+    async def heartbeat(
+        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
+    ) -> None:
+        items = [[e.queue, e.key, e.ref, e.attempt] for e in elements]
+        await self._run("heartbeat", [worker.id, self.now() + lease, *items])
+
+    # -- workers ------------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerInfo) -> None:
+        info = [worker.id, worker.host, worker.pid, ",".join(worker.queues), worker.wake_address]
+        await self._run("workers", info, repr(WORKER_TTL))
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        async def forget() -> None:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hdel(self.prefix + "workers", worker_id)
+                pipe.hdel(self.prefix + "wrun", worker_id)
+                await pipe.execute()
+
+        await self._call(forget)
+
+    async def workers(self) -> list[WorkerInfo]:
+        async def read() -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.prefix + "workers")
+                pipe.hgetall(self.prefix + "wrun")
+                infos, running = await pipe.execute()
+            return infos, running
+
+        infos, running = await self._call(read)
+        found = []
+        for wid, raw in infos.items():
+            host, pid, queues, started, beat, address = _unpacked(raw)
+            found.append(
+                WorkerInfo(
+                    id=wid.decode(),
+                    host=host,
+                    pid=pid,
+                    queues=tuple(q for q in queues.split(",") if q),
+                    started=started,
+                    heartbeat=beat,
+                    wake_address=address,
+                    running=int(running.get(wid, 0)),
+                )
+            )
+        return sorted(found, key=lambda w: w.started)
+
+    # -- limits and blocks --------------------------------------------------------------------
+
+    async def limits(self) -> list[LimitRule]:
+        stored = await self._call(lambda: self.client.hgetall(self.prefix + "limits"))
+        rules = []
+        for pattern, raw in stored.items():
+            _, _, _, concurrency, interval = _unpacked(raw)
+            limit = Limit(concurrency=concurrency or None, interval=float(interval))
+            rules.append(LimitRule(pattern=pattern.decode(), limit=limit))
+        return sorted(rules, key=lambda r: r.pattern)
+
+    async def set_limits(self, rules: Sequence[LimitRule]) -> None:
+        await self._run("limits", [False, *(_rule(r) for r in rules)])
+
+    async def delete_limit(self, pattern: str) -> bool:
+        return bool(await self._run("limits", [pattern]))
+
+    async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
+        reason = reason if until is not None and reason else None
+        await self._run("block", [group, until or False, reason or False])
+
+    # -- introspection ------------------------------------------------------------------------
+
+    async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]:
+        names = sorted(c.name for c in await self.queues())
+        if queues is not None:
+            names = [n for n in names if n in queues]
+        now = self.now()
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                for name in names:
+                    pipe.hmget(self._queue_key(name, "n"), ["0", "1", "2", "3"])
+                    pipe.zcount(self._queue_key(name, "d"), "-inf", repr(now))
+                found: list[Any] = await pipe.execute()
+                return found
+
+        found = await self._call(read)
+        stats = []
+        for i, name in enumerate(names):
+            delayed, ready, running, dead = (int(n or 0) for n in found[2 * i])
+            overdue = int(found[2 * i + 1])
+            stats.append(
+                QueueStats(
+                    name=name,
+                    total=delayed + ready + running,
+                    due=ready + overdue,
+                    delayed=delayed - overdue,
+                    running=running,
+                    dead=dead,
+                )
+            )
+        return stats
+
+    async def group_stats(
+        self, pattern: str = "*", *, limit: int = 100, include_idle: bool = False
+    ) -> list[GroupStats]:
+        raw = await self._run("groups", [lua_pattern(pattern), limit, include_idle])
+        stats = []
+        for name, queued, running, concurrency, interval, last, blocked, reason in _unpacked(raw):
+            limit_ = Limit(concurrency=concurrency or None, interval=interval)
+            stats.append(
+                GroupStats(
+                    name=name,
+                    queued=queued,
+                    running=running,
+                    limit=limit_,
+                    next_start=last + interval if last is not False and interval else None,
+                    blocked_until=None if blocked is False else blocked,
+                    block_reason=None if reason is False else reason,
+                )
+            )
+        return stats
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    async def _known(self, queue: str) -> None:
+        if not await self._call(lambda: self.client.hexists(self._anchor, queue)):
+            raise UnknownQueue(queue)
+
+    async def dead_letters(
+        self, queue: str, *, limit: int = 100, offset: int = 0
+    ) -> list[DeadLetter]:
+        await self._known(queue)
+        order, dead = self._queue_key(queue, "xo"), self._queue_key(queue, "x")
+        keys = await self._call(lambda: self.client.zrevrange(order, offset, offset + limit - 1))
+        if not keys:
+            return []
+        letters = await self._call(lambda: self.client.hmget(dead, keys))
+        found = []
+        for key, raw in zip(keys, letters, strict=True):
+            if raw is None:
+                continue
+            payload, group, attempts, error, tb, died = _unpacked(raw)
+            found.append(
+                DeadLetter(
+                    queue=queue,
+                    key=key.decode(),
+                    payload=key.decode() if payload is False else payload,
+                    group=group,
+                    attempts=attempts,
+                    error=error,
+                    traceback=tb,
+                    died_at=died,
+                )
+            )
+        return found
+
+    async def requeue_dead(self, queue: str, keys: Sequence[str] | None = None) -> int:
+        await self._known(queue)
+        return int(
+            await self._run("dead", [queue, True, list(keys) if keys is not None else False])
+        )
+
+    async def purge_dead(self, queue: str, keys: Sequence[str] | None = None) -> int:
+        await self._known(queue)
+        return int(
+            await self._run("dead", [queue, False, list(keys) if keys is not None else False])
+        )
+
+
+def _rule(rule: LimitRule) -> list[Any]:
+    """A limit rule as the scripts store it: glob, Lua pattern, specificity, limit."""
+    high, low = specificity(rule.pattern)
+    concurrency = rule.limit.concurrency if rule.limit.concurrency is not None else False
+    return [rule.pattern, lua_pattern(rule.pattern), high, low, concurrency, rule.limit.interval]

@@ -1,0 +1,334 @@
+-- crawlq on Redis: helpers shared by every script (scripts.py prepends this file to each).
+--
+-- Calling convention of every script:
+--   KEYS[1]  {ns}:queues   the namespace's anchor key (all keys share the hash tag {ns})
+--   ARGV[1]  "{ns}:"       the key prefix
+--   ARGV[2]  now           the caller's clock, seconds since the epoch
+--   ARGV[3]  msgpack       the operation's arguments
+-- Floats are stored with %.17g: Lua's tostring keeps 14 digits and would move times.
+--
+-- Keys (P is the prefix; <q> is a queue name, length-prefixed so any name is safe; <g> a group):
+--   P queues            hash   queue -> msgpack {group_by, custom_key, seen}
+--   P seq               string insertion counter: element ids, the last tie-break of the order
+--   P limits            hash   glob -> msgpack {lua pattern, specificity a, specificity b,
+--                                                concurrency or false, interval}
+--   P groups            set    every group name but "" (elements without a group)
+--   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
+--                              r running, ls last start, bu blocked until, br block reason
+--   P leases            zset   "<#q>:<q><key>" by lease expiry, every queue
+--   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
+--   P wrun              hash   worker id -> elements it holds
+--   P wake              pubsub channel: something became claimable
+--   P q:<#q>:<q>:e      hash   key -> msgpack element record (see REC below)
+--   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
+--   P q:<#q>:<q>:d      zset   delayed keys by due time
+--   P q:<#q>:<q>:r:<g>  zset   the (queue, group) sub-queue of ready elements: score -priority,
+--                              member RANK .. key (RANK = due as %020.6f, then id as %012x), so
+--                              equal priorities order by due time, then insertion
+--   P q:<#q>:<q>:fa     zset   frontier, active rows: score -priority of the head, member
+--                              head RANK .. group
+--   P q:<#q>:<q>:fw     zset   frontier, waiting rows: group by gate (when the group admits a start)
+--   P q:<#q>:<q>:fr     hash   group -> its active member in fa, or "" while waiting in fw
+--   P q:<#q>:<q>:x      hash   dead letters: key -> msgpack {payload, group, attempts, error,
+--                              traceback, died_at}
+--   P q:<#q>:<q>:xo     zset   dead keys by time of death
+--   P q:<#q>:<q>:s:<b>  set    seen: 64-bit digests of finished keys, in 2^18 buckets so each
+--                              stays a compact intset (8 bytes an entry)
+
+local P = ARGV[1]
+local NOW = tonumber(ARGV[2])
+local NEVER = 1e300
+local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
+-- REC: the fields of an element record, a msgpack array (false where SQL has NULL).
+local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER, NEXT_DUE, NEXT_PRIORITY, ERROR =
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+
+local function fmt(x)
+    return string.format('%.17g', x)
+end
+
+local function qkey(queue, kind)
+    return P .. 'q:' .. #queue .. ':' .. queue .. ':' .. kind
+end
+
+local function gkey(group)
+    return P .. 'g:' .. group
+end
+
+local function lease_member(queue, key)
+    return #queue .. ':' .. queue .. key
+end
+
+local function split_lease_member(member)
+    local colon = string.find(member, ':', 1, true)
+    local n = tonumber(string.sub(member, 1, colon - 1))
+    return string.sub(member, colon + 1, colon + n), string.sub(member, colon + n + 1)
+end
+
+local function rank(rec)
+    local due = rec[DUE]
+    if due < 0 then due = 0 elseif due > 9e12 then due = 9e12 end
+    return string.format('%020.6f%012x', due, rec[ID])
+end
+
+local function load(queue, key)
+    local raw = redis.call('HGET', qkey(queue, 'e'), key)
+    if raw then return cmsgpack.unpack(raw) end
+    return nil
+end
+
+local function save(queue, key, rec)
+    redis.call('HSET', qkey(queue, 'e'), key, cmsgpack.pack(rec))
+end
+
+local function count(queue, state, delta)
+    redis.call('HINCRBY', qkey(queue, 'n'), state, delta)
+end
+
+-- Group counters: queued (delayed or ready) and running. The "" group keeps none.
+local function group_count(group, field, delta)
+    if group ~= '' then redis.call('HINCRBY', gkey(group), field, delta) end
+end
+
+local queue_names = nil
+local function all_queues()
+    if queue_names == nil then queue_names = redis.call('HKEYS', P .. 'queues') end
+    return queue_names
+end
+
+local queue_configs = {}
+local function queue_config(queue)
+    local config = queue_configs[queue]
+    if config == nil then
+        local raw = redis.call('HGET', P .. 'queues', queue)
+        config = raw and cmsgpack.unpack(raw) or false
+        queue_configs[queue] = config
+    end
+    return config
+end
+
+-- -- limits --------------------------------------------------------------------------------
+
+local limit_rules = nil
+local function resolve(group)
+    if limit_rules == nil then
+        limit_rules = {}
+        local flat = redis.call('HGETALL', P .. 'limits')
+        for i = 1, #flat, 2 do
+            local rule = cmsgpack.unpack(flat[i + 1])
+            rule.glob = flat[i]
+            table.insert(limit_rules, rule)
+        end
+        table.sort(limit_rules, function(a, b) return a.glob < b.glob end)
+    end
+    local best = nil
+    for _, rule in ipairs(limit_rules) do
+        if string.find(group, rule[1]) and (best == nil or rule[2] > best[2]
+                or (rule[2] == best[2] and rule[3] > best[3])) then
+            best = rule
+        end
+    end
+    if best == nil then return 4, 0 end
+    return best[4], best[5]
+end
+
+local function ensure_group(group)
+    if group == '' or redis.call('SADD', P .. 'groups', group) == 0 then return end
+    local concurrency, interval = resolve(group)
+    if concurrency then
+        redis.call('HSET', gkey(group), 'c', concurrency, 'i', fmt(interval))
+    else
+        redis.call('HSET', gkey(group), 'i', fmt(interval))
+    end
+end
+
+-- -- the frontier ------------------------------------------------------------------------------
+
+-- When the group next admits a start: never while full, else after its interval and any block.
+local function gate(group)
+    if group == '' then return 0 end
+    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r', 'ls', 'bu')
+    local concurrency, running = tonumber(g[1]), tonumber(g[3]) or 0
+    if concurrency and running >= concurrency then return NEVER end
+    local t = 0
+    if g[4] then t = tonumber(g[4]) + (tonumber(g[2]) or 0) end
+    local blocked = tonumber(g[5])
+    if blocked and blocked > t then t = blocked end
+    return t
+end
+
+-- Puts the (queue, group) row where it belongs: active with its head, waiting for its gate,
+-- or gone when the sub-queue is empty.
+local function refresh_pair(queue, group)
+    local rows, active, waiting = qkey(queue, 'fr'), qkey(queue, 'fa'), qkey(queue, 'fw')
+    local old = redis.call('HGET', rows, group)
+    local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
+    if old and old ~= '' then redis.call('ZREM', active, old) end
+    if head[1] == nil then
+        if old then
+            redis.call('HDEL', rows, group)
+            redis.call('ZREM', waiting, group)
+        end
+        return
+    end
+    local at = gate(group)
+    if at <= NOW then
+        local member = string.sub(head[1], 1, 32) .. group
+        redis.call('ZADD', active, head[2], member)
+        redis.call('HSET', rows, group, member)
+        if old == '' then redis.call('ZREM', waiting, group) end
+    else
+        redis.call('ZADD', waiting, fmt(at), group)
+        if old ~= '' then redis.call('HSET', rows, group, '') end
+    end
+end
+
+-- The group's running count, start, limits or block changed: every row of it follows.
+-- Returns how many rows wait on the group, i.e. whether anyone cares.
+local function refresh_gate(group)
+    if group == '' then return 0 end
+    local rows = 0
+    for _, queue in ipairs(all_queues()) do
+        if redis.call('HEXISTS', qkey(queue, 'fr'), group) == 1 then
+            refresh_pair(queue, group)
+            rows = rows + 1
+        end
+    end
+    return rows
+end
+
+-- touched: set of "<#q>:<q><group>" -> {queue, group}; gates: set of groups.
+local function touch(touched, queue, group)
+    touched[lease_member(queue, group)] = {queue, group}
+end
+
+local function settle(touched, gates)
+    local opened = false
+    for group, _ in pairs(gates) do
+        if refresh_gate(group) > 0 then opened = true end
+    end
+    for _, pair in pairs(touched) do
+        refresh_pair(pair[1], pair[2])
+        opened = true
+    end
+    return opened
+end
+
+local function wake()
+    redis.call('PUBLISH', P .. 'wake', '1')
+end
+
+-- -- element placement -----------------------------------------------------------------------
+
+-- Puts a queued element where its state says: the delayed set or its sub-queue.
+local function place(queue, key, rec, touched)
+    if rec[DUE] > NOW then
+        rec[STATE] = DELAYED
+        redis.call('ZADD', qkey(queue, 'd'), fmt(rec[DUE]), key)
+    else
+        rec[STATE] = READY
+        redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. key)
+        touch(touched, queue, rec[GROUP])
+    end
+    count(queue, rec[STATE], 1)
+end
+
+-- Takes a queued or running element out of its place (the record itself stays).
+local function unplace(queue, key, rec, touched)
+    local state = rec[STATE]
+    if state == DELAYED then
+        redis.call('ZREM', qkey(queue, 'd'), key)
+    elseif state == READY then
+        redis.call('ZREM', qkey(queue, 'r:' .. rec[GROUP]), rank(rec) .. key)
+        touch(touched, queue, rec[GROUP])
+    elseif state == RUNNING then
+        redis.call('ZREM', P .. 'leases', lease_member(queue, key))
+        if rec[WORKER] then redis.call('HINCRBY', P .. 'wrun', rec[WORKER], -1) end
+        rec[LEASE], rec[WORKER] = false, false
+    end
+    count(queue, state, -1)
+end
+
+-- Back to the queue from a run: at `due` (false keeps its own), or at the schedule that
+-- arrived while it ran, which also starts its attempts afresh.
+local function requeue(queue, key, rec, due, attempts_delta, err, touched)
+    unplace(queue, key, rec, touched)
+    group_count(rec[GROUP], 'r', -1)
+    group_count(rec[GROUP], 'q', 1)
+    if rec[NEXT_DUE] then
+        rec[DUE], rec[PRIORITY], rec[ATTEMPTS] = rec[NEXT_DUE], rec[NEXT_PRIORITY], 0
+        rec[NEXT_DUE], rec[NEXT_PRIORITY] = false, false
+    else
+        if due then rec[DUE] = due end
+        rec[ATTEMPTS] = rec[ATTEMPTS] + attempts_delta
+    end
+    if err then rec[ERROR] = err end
+    place(queue, key, rec, touched)
+    save(queue, key, rec)
+end
+
+local function remember_seen(queue, digest, bucket)
+    if queue_config(queue)[3] then
+        redis.call('SADD', qkey(queue, 's:' .. bucket), digest)
+    end
+end
+
+-- Done with an element: queued afresh if scheduled while running, else removed.
+local function finish(queue, key, rec, digest, bucket, touched)
+    remember_seen(queue, digest, bucket)
+    if rec[STATE] == RUNNING and rec[NEXT_DUE] then
+        rec[ERROR] = false
+        requeue(queue, key, rec, false, 0, false, touched)
+        return
+    end
+    unplace(queue, key, rec, touched)
+    group_count(rec[GROUP], rec[STATE] == RUNNING and 'r' or 'q', -1)
+    redis.call('HDEL', qkey(queue, 'e'), key)
+end
+
+-- -- schedule ----------------------------------------------------------------------------------
+
+local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
+local OVERWRITE, ONLY_IF_EARLIER = 0, 1
+
+-- One schedule: {queue, key, payload or false, group, due, priority, mode, digest, bucket,
+-- revisit}; a queue with `seen` skips keys it finished unless asked to revisit them. Returns what happened (ADDED ... SKIPPED).
+local function apply(item, touched)
+    local queue, key, payload, group, due, priority, mode = unpack(item, 1, 7)
+    local rec = load(queue, key)
+    if rec == nil then
+        if queue_config(queue)[3] and not item[10]
+                and redis.call('SISMEMBER', qkey(queue, 's:' .. item[9]), item[8]) == 1 then
+            return SKIPPED
+        end
+        ensure_group(group)
+        rec = {redis.call('INCR', P .. 'seq'), payload, group, priority, due, READY, 0,
+               false, false, false, false, false}
+        place(queue, key, rec, touched)
+        group_count(group, 'q', 1)
+        save(queue, key, rec)
+        return ADDED
+    end
+    if rec[STATE] == RUNNING then
+        if mode == OVERWRITE or (mode == ONLY_IF_EARLIER
+                and (not rec[NEXT_DUE] or due < rec[NEXT_DUE])) then
+            rec[NEXT_DUE], rec[NEXT_PRIORITY] = due, priority
+            save(queue, key, rec)
+            return DEFERRED
+        end
+        return KEPT
+    end
+    if mode == OVERWRITE or (mode == ONLY_IF_EARLIER and due < rec[DUE]) then
+        unplace(queue, key, rec, touched)
+        if group ~= rec[GROUP] then
+            ensure_group(group)
+            group_count(rec[GROUP], 'q', -1)
+            group_count(group, 'q', 1)
+        end
+        rec[PAYLOAD], rec[GROUP], rec[DUE], rec[PRIORITY] = payload, group, due, priority
+        place(queue, key, rec, touched)
+        save(queue, key, rec)
+        return MOVED
+    end
+    return KEPT
+end

@@ -1,0 +1,24 @@
+-- dead: takes dead letters of a queue out, requeueing them (due now, priority 0, attempts
+-- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, digest-less keys or false for all}
+-- Returns how many were taken.
+local args = cmsgpack.unpack(ARGV[3])
+local queue, requeue_them, keys = args[1], args[2], args[3]
+local dead, order = qkey(queue, 'x'), qkey(queue, 'xo')
+if not keys then keys = redis.call('ZRANGE', order, 0, -1) end
+local taken, touched = 0, {}
+for _, key in ipairs(keys) do
+    local raw = redis.call('HGET', dead, key)
+    if raw then
+        local letter = cmsgpack.unpack(raw)
+        redis.call('HDEL', dead, key)
+        redis.call('ZREM', order, key)
+        count(queue, DEAD, -1)
+        taken = taken + 1
+        if requeue_them then
+            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, '0', '0', false}, touched)
+        end
+    end
+end
+for _, pair in pairs(touched) do refresh_pair(pair[1], pair[2]) end
+if taken > 0 and requeue_them then wake() end
+return taken

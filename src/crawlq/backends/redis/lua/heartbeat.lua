@@ -1,0 +1,20 @@
+-- heartbeat: extends the leases a worker still holds and records that it is alive.
+-- ARGV[3]: msgpack {worker id, lease until, items...}; an item is {queue, key, id, attempt}
+local args = cmsgpack.unpack(ARGV[3])
+local worker, lease_until = args[1], args[2]
+for i = 3, #args do
+    local queue, key, id, attempt = unpack(args[i], 1, 4)
+    local rec = load(queue, key)
+    if rec and rec[ID] == id and rec[ATTEMPTS] == attempt and rec[STATE] == RUNNING then
+        rec[LEASE] = lease_until
+        save(queue, key, rec)
+        redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, key))
+    end
+end
+local raw = redis.call('HGET', P .. 'workers', worker)
+if raw then
+    local info = cmsgpack.unpack(raw)
+    info[5] = NOW
+    redis.call('HSET', P .. 'workers', worker, cmsgpack.pack(info))
+end
+return 1

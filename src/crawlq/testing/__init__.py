@@ -1,0 +1,1 @@
+"""Real servers for tests and benchmarks, on loopback addresses only."""

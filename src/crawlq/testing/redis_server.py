@@ -1,0 +1,145 @@
+"""A throwaway redis-server on 127.0.0.1, for tests, benchmarks and trying crawlq out.
+
+    with redis_server() as url:             # "redis://127.0.0.1:PORT/0"
+        ...
+
+    server = RedisServer(appendonly=True, appendfsync="always")
+    server.start(); ...; server.restart(); ...; server.stop()
+
+The server runs from its own temporary directory; `restart` keeps the port and the
+directory, so with `appendonly` the data comes back as the server reloads its log.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+INSTALL_HINT = "run `bash scripts/install-redis.sh` (installs Debian's redis-server)"
+
+
+class RedisServerError(RuntimeError):
+    """redis-server is missing, or did not come up in time."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    def __init__(
+        self,
+        *,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        password: str | None = None,
+        executable: str = "redis-server",
+        startup_timeout: float = 10.0,
+    ) -> None:
+        binary = shutil.which(executable)
+        if binary is None:
+            raise RedisServerError(f"{executable!r} not found on PATH; {INSTALL_HINT}")
+        self.binary = binary
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.password = password
+        self.startup_timeout = startup_timeout
+        self.port = _free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="redis-"))
+        self.log = self.workdir / "redis.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self) -> str:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--dir", str(self.workdir), "--save", "", "--daemonize", "no"]
+        args += ["--appendonly", "yes" if self.appendonly else "no"]
+        args += ["--appendfsync", self.appendfsync]
+        if self.password:
+            args += ["--requirepass", self.password]
+        with self.log.open("ab") as out:
+            # Own session: a Ctrl-C aimed at the caller must not kill the server under it.
+            self._proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._wait_for_ping()
+        return self.url
+
+    def _wait_for_ping(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        # An unauthenticated PING is refused with -NOAUTH, which also proves the server is up.
+        while not self._answers():
+            if self._proc.poll() is not None:
+                raise RedisServerError(
+                    f"redis-server exited with code {self._proc.returncode} before answering "
+                    f"on port {self.port}:\n{self.log.read_text(errors='replace')[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RedisServerError(
+                    f"redis-server did not answer on port {self.port} in {self.startup_timeout}s"
+                )
+            time.sleep(0.01)
+
+    def _answers(self) -> bool:
+        if not self.password:
+            return _answers_ping(self.port)
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"-NOAUTH")
+        except OSError:
+            return False
+
+    def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
+        """SIGTERM (a clean shutdown) or SIGKILL (a crash: only what the log had survives)."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+    def restart(self, *, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@contextmanager
+def redis_server(startup_timeout: float = 10.0, executable: str = "redis-server") -> Iterator[str]:
+    """Start a private redis-server on a free loopback port; yield its URL."""
+    server = RedisServer(executable=executable, startup_timeout=startup_timeout)
+    try:
+        yield server.start()
+    finally:
+        server.remove()
