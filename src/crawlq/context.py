@@ -1,4 +1,5 @@
-"""What a running task sees: its element, its attempt, and a way to schedule follow-up work."""
+"""What a running task sees: its element, its attempt, a way to schedule follow-up work, and
+the worker's shared fetcher (`ctx.fetch(url)`: robots.txt, Retry-After and backoff applied)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from .types import JSON, Claimed, ScheduleResult
 if TYPE_CHECKING:
     from .app import App, Target
     from .backends import Backend
+    from .crawl.fetcher import Fetcher
+    from .crawl.politeness import Politeness
+    from .crawl.response import Response
+
+FETCHER = "crawlq.fetcher"
+POLITENESS = "crawlq.politeness"
 
 
 class Context:
@@ -60,6 +67,35 @@ class Context:
             target, elements, seconds=seconds, priority=priority, backend=self._backend, **options
         )
 
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def fetcher(self) -> Fetcher:
+        """The worker's fetcher: `app.provide("crawlq.fetcher", ...)` configures it."""
+        from .crawl.fetcher import Fetcher
+
+        fetcher: Fetcher = self.app.shared(FETCHER, Fetcher)
+        return fetcher
+
+    @property
+    def politeness(self) -> Politeness:
+        from .crawl.politeness import Politeness
+
+        backend = self._backend
+        politeness: Politeness = self.app.shared(POLITENESS, lambda: Politeness(backend))
+        return politeness
+
+    async def fetch(self, url: str, **options: Any) -> Response:
+        """Fetches `url` with the shared fetcher: robots.txt obeyed, Crawl-delay raising the
+        group's interval, 429/503 Retry-After blocking the group (raises `Throttled`),
+        repeated failures backing it off. The element's own URL counts against its group."""
+        from .grouping import element_url
+
+        group = self.group if url == element_url(self.element) else None
+        return await self.politeness.fetch(self.fetcher, url, group=group, **options)
+
 
 class SyncContext:
     """The same context for sync tasks running in the worker's thread pool."""
@@ -99,4 +135,9 @@ class SyncContext:
         coro = self._ctx.schedule_many(
             target, elements, seconds=seconds, priority=priority, **options
         )
+        return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()
+
+    def fetch(self, url: str, **options: Any) -> Response:
+        """`Context.fetch` for sync tasks: blocks this thread, not the worker's loop."""
+        coro = self._ctx.fetch(url, **options)
         return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()

@@ -1,0 +1,295 @@
+"""A crawl with no user code: seeds in, pages fetched politely, links followed within scope,
+every response in WARC files, one JSON line per page outcome.
+
+The crawl's whole state is its queue (in `out/queue.db` unless another backend is given),
+its page budget and its files, so a stopped crawl resumes where it left off: seeds are
+scheduled "only if new", and the queue's "seen" memory skips what was already fetched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..app import App
+from ..context import FETCHER, POLITENESS, Context
+from ..retry import Retry
+from ..tasks import Task
+from ..types import JSON
+from ..worker import Worker, WorkerStats
+from .budget import PageBudget
+from .errors import TRANSIENT, FetchError, Reason, Throttled
+from .fetcher import Fetcher, Login
+from .links import extract
+from .politeness import Backoff, Politeness
+from .records import JsonlWriter, PageRecord
+from .response import Response
+from .scope import Scope
+from .settings import FetchSettings
+from .store import ContentStore, WarcStore
+from .urls import canonicalize
+from .warc import DEFAULT_FILE_BYTES, RecordRef
+
+STORE = "crawlq.crawl.store"
+RECORDS = "crawlq.crawl.records"
+PAGES_FILE = "pages.jsonl"
+WARC_DIR = "warc"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CrawlSettings:
+    """`max_pages` caps the URLs a crawl ever admits (seeds included). Errors whose reason
+    is in `retry_reasons` are retried per `retry` and then dead-lettered; the others are
+    recorded and the page is done."""
+
+    out: Path
+    scope: Scope = field(default_factory=Scope)
+    max_pages: int | None = None
+    fetch: FetchSettings = field(default_factory=FetchSettings)
+    concurrency_per_domain: int = 2
+    delay: float = 0.0
+    retry: Retry = field(default_factory=lambda: Retry(max_attempts=3, base=5.0))
+    retry_reasons: frozenset[Reason] = TRANSIENT
+    backoff: Backoff = field(default_factory=Backoff)
+    lease: float = 60.0
+    max_file_bytes: int = DEFAULT_FILE_BYTES
+    queue: str = "crawl"
+
+
+@dataclass(kw_only=True)
+class CrawlStats:
+    """This process's counts, for the progress display."""
+
+    pages: int = 0
+    errors: int = 0
+    throttled: int = 0
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Base:
+    url: str
+    depth: int
+    attempt: int
+
+
+def page_key(element: Mapping[str, Any]) -> str:
+    return str(element["url"])
+
+
+class _RecordsResource:
+    def __init__(self, path: Path) -> None:
+        self.writer = JsonlWriter(path)
+
+    async def aclose(self) -> None:
+        self.writer.close()
+
+
+class Crawl:
+    """The crawl task and its resources, on an App of its own."""
+
+    def __init__(
+        self,
+        settings: CrawlSettings,
+        *,
+        backend: str | None = None,
+        logins: Mapping[str, Login] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.out = Path(settings.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.logins = dict(logins or {})
+        self.stats = CrawlStats()
+        self.budget = PageBudget(self.out, settings.max_pages)
+        self.app = App(backend or f"sqlite:///{self.out / 'queue.db'}")
+        self.app.limit("*", concurrency=settings.concurrency_per_domain, interval=settings.delay)
+        self.task: Task[Any] = self.app.task(
+            queue=settings.queue,
+            key=page_key,
+            seen=True,
+            retry=settings.retry,
+            lease=settings.lease,
+        )(self.visit)
+        self.app.provide(FETCHER, self._fetcher)
+        self.app.provide(
+            STORE, lambda: WarcStore(self.out / WARC_DIR, max_file_bytes=settings.max_file_bytes)
+        )
+        self.app.provide(RECORDS, lambda: _RecordsResource(self.out / PAGES_FILE))
+
+    def _fetcher(self) -> Fetcher:
+        fetcher = Fetcher(self.settings.fetch)
+        for domain, login in self.logins.items():
+            fetcher.add_login(domain, login)
+        return fetcher
+
+    # -- seeding and running ----------------------------------------------------------------
+
+    async def seed(self, urls: Iterable[str]) -> int:
+        """Schedules the seeds not yet queued or seen; returns how many were added."""
+        elements: list[JSON] = []
+        for url in urls:
+            canonical = canonicalize(url)
+            if canonical is None:
+                raise FetchError(Reason.OUT_OF_SCOPE, url, "not an absolute http(s) URL")
+            if self.settings.scope.refusal(canonical) is None:
+                elements.append({"url": canonical, "depth": 0})
+        granted = await self.budget.reserve(len(elements))
+        result = await self.app.aschedule_many(self.task, elements[:granted], only_if_new=True)
+        await self.budget.refund(granted - result.added)
+        return result.added
+
+    async def run(
+        self,
+        seeds: Iterable[str] = (),
+        *,
+        concurrency: int = 200,
+        grace: float = 30.0,
+        burst_horizon: float = 300.0,
+        worker: Worker | None = None,
+    ) -> WorkerStats:
+        """Seeds, then works until nothing is left that can start within `burst_horizon`."""
+        await self.seed(seeds)
+        runner = worker or Worker(
+            self.app, burst=True, burst_horizon=burst_horizon, concurrency=concurrency, grace=grace
+        )
+        try:
+            return await runner.run()
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.app.aclose()
+        self.budget.close()
+
+    # -- one page ---------------------------------------------------------------------------
+
+    def politeness(self, ctx: Context) -> Politeness:
+        backend, backoff = ctx.backend, self.settings.backoff
+        politeness: Politeness = ctx.app.shared(
+            POLITENESS, lambda: Politeness(backend, backoff=backoff)
+        )
+        return politeness
+
+    async def visit(self, ctx: Context, element: dict[str, Any]) -> None:
+        url = str(element["url"])
+        depth = int(element.get("depth", 0))
+        store: ContentStore = ctx.app.shared(STORE)
+        records: JsonlWriter = ctx.app.shared(RECORDS).writer
+        started = time.monotonic()
+        base = _Base(url=url, depth=depth, attempt=ctx.attempt)
+        try:
+            response = await self.politeness(ctx).fetch(
+                ctx.fetcher, url, group=ctx.group, scope=self.settings.scope.check
+            )
+        except Throttled as exc:
+            ref = await _store_all(store, exc.responses)
+            await ctx.schedule(
+                self.task, element, seconds=max(0.0, exc.until - time.time()), revisit=True
+            )
+            self.stats.throttled += 1
+            records.write(_error_record(base, exc, ref, started, retry=True))
+            return
+        except FetchError as exc:
+            ref = await _store_all(store, exc.responses)
+            retry = exc.reason in self.settings.retry_reasons
+            retry_left = retry and not self.settings.retry.exhausted(ctx.attempt)
+            self.stats.errors += 1
+            records.write(_error_record(base, exc, ref, started, retry=retry_left))
+            if retry:
+                raise
+            return
+        ref = await _store_all(store, response.chain)
+        self.stats.bytes += len(response.raw)
+        if response.status >= 500 and Reason.SERVER_ERROR in self.settings.retry_reasons:
+            failure = FetchError(
+                Reason.SERVER_ERROR, url, f"HTTP {response.status}", responses=response.chain
+            )
+            self.stats.errors += 1
+            retry_left = not self.settings.retry.exhausted(ctx.attempt)
+            records.write(_error_record(base, failure, ref, started, retry=retry_left))
+            raise failure
+        title, found, queued = None, 0, 0
+        error: FetchError | None = None
+        if response.is_html and 200 <= response.status < 300:
+            try:
+                page = extract(response.text(), response.url)
+            except FetchError as exc:
+                error = exc
+            else:
+                title, found = page.title, len(page.links)
+                if self.settings.scope.follows(depth) and not page.nofollow:
+                    queued = await self._follow(ctx, page.links, depth + 1, {url, response.url})
+        self.stats.pages += 1
+        if error is not None:
+            self.stats.errors += 1
+        records.write(
+            PageRecord(
+                url=url,
+                depth=depth,
+                attempt=ctx.attempt,
+                status=response.status,
+                final_url=response.url,
+                title=title,
+                links=found,
+                queued=queued,
+                bytes=len(response.body),
+                content_type=response.content_type or None,
+                fetched_at=response.fetched_at,
+                fetch_time=round(time.monotonic() - started, 6),
+                redirects=len(response.history),
+                error=error.reason.value if error else None,
+                detail=error.detail if error else None,
+                warc=_ref_text(ref),
+            )
+        )
+
+    async def _follow(self, ctx: Context, links: list[str], depth: int, exclude: set[str]) -> int:
+        scope = self.settings.scope
+        wanted = [link for link in links if link not in exclude and scope.refusal(link) is None]
+        granted = await self.budget.reserve(len(wanted))
+        if not granted:
+            return 0
+        elements: list[JSON] = [{"url": link, "depth": depth} for link in wanted[:granted]]
+        result = await ctx.schedule_many(self.task, elements, only_if_new=True)
+        await self.budget.refund(granted - result.added)
+        return result.added
+
+
+async def _store_all(store: ContentStore, responses: Iterable[Response]) -> RecordRef | None:
+    ref = None
+    for response in responses:
+        ref = await store.put(response)
+    return ref
+
+
+def _ref_text(ref: RecordRef | None) -> str | None:
+    return None if ref is None else f"{ref.file}:{ref.offset}"
+
+
+def _error_record(
+    base: _Base,
+    error: FetchError,
+    ref: RecordRef | None,
+    started: float,
+    *,
+    retry: bool,
+) -> PageRecord:
+    last = error.responses[-1] if error.responses else None
+    return PageRecord(
+        url=base.url,
+        depth=base.depth,
+        attempt=base.attempt,
+        status=last.status if last else None,
+        final_url=last.url if last else None,
+        fetched_at=last.fetched_at if last else None,
+        fetch_time=round(time.monotonic() - started, 6),
+        redirects=max(0, len(error.responses) - 1),
+        error=error.reason.value,
+        detail=error.detail,
+        retry=retry,
+        warc=_ref_text(ref),
+    )

@@ -1,0 +1,88 @@
+"""Bodies: undoing Content-Encoding within a size cap, and finding the charset of text."""
+
+from __future__ import annotations
+
+import codecs
+import re
+import zlib
+
+import charset_normalizer
+
+from .errors import FetchError, Reason
+
+#: What servers may compress with; anything else they send is refused as BAD_ENCODING.
+ACCEPT_ENCODING = "gzip, deflate"
+
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9._:-]+)""", re.IGNORECASE)
+#: A meta charset must appear early in the document to count (as browsers do).
+META_SCAN_BYTES = 4096
+
+
+def decode_content(raw: bytes, encoding: str | None, *, max_bytes: int, url: str) -> bytes:
+    """`raw` with its Content-Encoding undone; TOO_LARGE past `max_bytes` decoded (a
+    decompression bomb is stopped as it inflates), BAD_ENCODING if the stream is corrupt."""
+    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
+    body = raw
+    for coding in reversed(codings):  # applied in order listed, so undone from the last
+        if coding in ("identity", ""):
+            continue
+        try:
+            body = _inflate(body, coding, max_bytes, url)
+        except (zlib.error, OSError, ValueError) as exc:
+            raise FetchError(Reason.BAD_ENCODING, url, f"corrupt {coding} body: {exc}") from exc
+    return body
+
+
+def _inflate(data: bytes, coding: str, max_bytes: int, url: str) -> bytes:
+    if coding in ("gzip", "x-gzip"):
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    elif coding == "deflate":
+        # Servers send zlib-wrapped or raw deflate under this name; zlib tells them apart.
+        wbits = zlib.MAX_WBITS if data[:1] == b"\x78" else -zlib.MAX_WBITS
+        inflater = zlib.decompressobj(wbits)
+    else:
+        raise ValueError(f"unsupported content encoding {coding!r}")
+    body = inflater.decompress(data, max_bytes + 1)
+    if len(body) > max_bytes:
+        raise FetchError(Reason.TOO_LARGE, url, f"decoded body over {max_bytes} bytes")
+    return body + inflater.flush()
+
+
+def known_charset(name: str | None) -> str | None:
+    if not name:
+        return None
+    try:
+        return codecs.lookup(name).name
+    except LookupError:
+        return None
+
+
+def meta_charset(body: bytes) -> str | None:
+    match = _META_CHARSET.search(body[:META_SCAN_BYTES])
+    return match.group(1).decode("ascii") if match else None
+
+
+def decode_text(body: bytes, declared: str | None, url: str, *, html: bool = True) -> str:
+    """The header's charset, else the page's meta charset, must decode the body strictly; a
+    page that declares none is tried as UTF-8, then detected. BAD_ENCODING when the body
+    fails its declared charset, or no charset fits it."""
+    if body.startswith(codecs.BOM_UTF8):
+        return body[len(codecs.BOM_UTF8) :].decode("utf-8", "replace")
+    name = declared or (meta_charset(body) if html else None)
+    charset = known_charset(name)
+    if charset is not None:
+        try:
+            return body.decode(charset)
+        except UnicodeDecodeError as exc:
+            raise FetchError(
+                Reason.BAD_ENCODING, url, f"body is not valid {charset} (at byte {exc.start})"
+            ) from exc
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    best = charset_normalizer.from_bytes(body).best()
+    if best is None or best.encoding is None:
+        what = f"unknown charset {name!r}" if name else "no charset declared"
+        raise FetchError(Reason.BAD_ENCODING, url, f"{what} and none detected")
+    return str(best)

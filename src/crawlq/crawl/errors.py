@@ -1,0 +1,89 @@
+"""Fetch failures as data: every way a page can fail has a `Reason`, and a policy says
+whether it is worth retrying.
+
+    CrawlqError
+    └── FetchError          a URL could not be fetched; `reason`, `url`, the hops received
+        └── Throttled       the server asked us to wait (429/503 Retry-After); `until`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from ..errors import CrawlqError
+
+if TYPE_CHECKING:
+    from .response import Response
+
+
+class Reason(StrEnum):
+    DNS = "dns_failure"
+    REFUSED = "connection_refused"
+    CONNECT = "connection_failed"
+    TLS = "tls_error"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    BAD_ENCODING = "bad_encoding"
+    BROKEN_BODY = "broken_body"
+    REDIRECT_LOOP = "redirect_loop"
+    TOO_MANY_REDIRECTS = "too_many_redirects"
+    ROBOTS_DISALLOWED = "robots_disallowed"
+    ROBOTS_UNAVAILABLE = "robots_unavailable"
+    OUT_OF_SCOPE = "out_of_scope"
+    SERVER_ERROR = "server_error"
+    THROTTLED = "throttled"
+    LOGIN_FAILED = "login_failed"
+    NETWORK = "network_error"
+
+
+#: Worth another attempt later: the cause is on the network or the server, and passes.
+TRANSIENT = frozenset(
+    {
+        Reason.DNS,
+        Reason.REFUSED,
+        Reason.CONNECT,
+        Reason.TIMEOUT,
+        Reason.BROKEN_BODY,
+        Reason.ROBOTS_UNAVAILABLE,
+        Reason.SERVER_ERROR,
+        Reason.LOGIN_FAILED,
+        Reason.NETWORK,
+    }
+)
+
+#: Count toward backing a whole host off: the host itself is struggling.
+HOST_TROUBLE = frozenset({Reason.TIMEOUT, Reason.SERVER_ERROR, Reason.REFUSED, Reason.CONNECT})
+
+
+class FetchError(CrawlqError):
+    """`url` could not be fetched for `reason`; `responses` holds the hops received first."""
+
+    def __init__(
+        self,
+        reason: Reason,
+        url: str,
+        detail: str = "",
+        *,
+        responses: Sequence[Response] = (),
+    ) -> None:
+        super().__init__(f"{reason.value}: {url}{f': {detail}' if detail else ''}")
+        self.reason = reason
+        self.url = url
+        self.detail = detail
+        self.responses = tuple(responses)
+
+    @property
+    def transient(self) -> bool:
+        return self.reason in TRANSIENT
+
+
+class Throttled(FetchError):
+    """The server asked for a pause: its group is blocked until `until` (epoch seconds)."""
+
+    def __init__(
+        self, url: str, until: float, detail: str, *, responses: Sequence[Response] = ()
+    ) -> None:
+        super().__init__(Reason.THROTTLED, url, detail, responses=responses)
+        self.until = until

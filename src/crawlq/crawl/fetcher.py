@@ -1,0 +1,332 @@
+"""The fetcher every task of a worker shares: one pooled aiohttp connector, per-domain
+sessions (cookies, logins), redirects followed hop by hop, robots.txt, proxies, size caps.
+
+Each hop is checked before it is requested (the caller's scope and politeness check, then
+robots.txt), so a redirect can never lead the crawler where it may not go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+
+from .decoding import ACCEPT_ENCODING, decode_content
+from .errors import FetchError, Reason
+from .resolver import StaticResolver
+from .response import Response
+from .robots import RobotsCache
+from .settings import FetchSettings
+
+HopCheck = Callable[[str], Awaitable[None]]
+LoginHook = Callable[["Session"], Awaitable[None]]
+ExpiredTest = Callable[[Response], bool]
+
+READ_CHUNK = 64 * 1024
+
+
+def logged_out(response: Response) -> bool:
+    """The usual signs of an expired session: 401/403, or a redirect to a login page."""
+    if response.status in (401, 403):
+        return True
+    return any(
+        hop.is_redirect and "login" in (hop.header("Location") or "").lower()
+        for hop in response.chain
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Login:
+    """Signs in to a domain: `perform(session)` runs before the domain's first request and
+    again whenever `expired(response)` says a response came back logged out."""
+
+    perform: LoginHook
+    expired: ExpiredTest = logged_out
+
+
+def _in_domain(host: str, domain: str) -> bool:
+    return host == domain or host.endswith("." + domain)
+
+
+class Session:
+    """The cookies (and login) of one domain; what a login hook signs in with."""
+
+    def __init__(
+        self, fetcher: Fetcher, client: aiohttp.ClientSession, login: Login | None
+    ) -> None:
+        self.fetcher = fetcher
+        self.client = client
+        self.login = login
+        self.generation = 0  # counts logins, so concurrent expiries log in only once
+        self._lock = asyncio.Lock()
+
+    async def get(self, url: str, **options: Any) -> Response:
+        return await self.fetcher.request(self, "GET", url, **options)
+
+    async def post(self, url: str, **options: Any) -> Response:
+        return await self.fetcher.request(self, "POST", url, **options)
+
+    async def ensure_login(self, seen_generation: int | None) -> None:
+        """Logs in if nobody has yet (None), or if still at `seen_generation` (expired)."""
+        if self.login is None:
+            return
+        async with self._lock:
+            if seen_generation is None and self.generation > 0:
+                return
+            if seen_generation is not None and self.generation != seen_generation:
+                return
+            try:
+                await self.login.perform(self)
+            except FetchError as exc:
+                raise FetchError(Reason.LOGIN_FAILED, exc.url, str(exc)) from exc
+            self.generation += 1
+
+    def cookies(self) -> dict[str, str]:
+        return {cookie.key: cookie.value for cookie in self.client.cookie_jar}
+
+
+class Fetcher:
+    """Use as an async context manager, or close with `aclose()`."""
+
+    def __init__(self, settings: FetchSettings | None = None) -> None:
+        self.settings = settings or FetchSettings()
+        self._logins: dict[str, Login] = {}
+        self._sessions: dict[str, Session] = {}
+        self._connector: aiohttp.TCPConnector | None = None
+        self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
+        self.robots = RobotsCache(
+            self._fetch_robots, self.settings.user_agent, ttl=self.settings.robots_ttl
+        )
+
+    async def __aenter__(self) -> Fetcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.client.close()
+        if self._connector is not None:
+            await self._connector.close()
+            self._connector = None
+
+    def add_login(self, domain: str, login: Login) -> None:
+        """Requests to `domain` and its sub-domains use their own session, signed in by
+        `login` once and again when it expires."""
+        self._logins[domain.lower().strip(".")] = login
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _connector_now(self) -> aiohttp.TCPConnector:
+        if self._connector is None or self._connector.closed:
+            settings = self.settings
+            fallback = None if settings.resolve_only else aiohttp.ThreadedResolver()
+            self._connector = aiohttp.TCPConnector(
+                limit=settings.connections,
+                use_dns_cache=True,
+                ttl_dns_cache=settings.dns_ttl,
+                resolver=StaticResolver(settings.resolve, fallback),
+                ssl=settings.verify_tls,
+            )
+        return self._connector
+
+    def session(self, url: str) -> Session:
+        """The session for `url`'s host: its login domain's own, or the shared one."""
+        host = (urlsplit(url).hostname or "").lower()
+        domain = next((d for d in self._logins if _in_domain(host, d)), "")
+        session = self._sessions.get(domain)
+        if session is None:
+            timeouts = self.settings.timeouts
+            client = aiohttp.ClientSession(
+                connector=self._connector_now(),
+                connector_owner=False,
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(
+                    total=timeouts.total, sock_connect=timeouts.connect, sock_read=timeouts.read
+                ),
+                headers={
+                    "User-Agent": self.settings.user_agent,
+                    "Accept-Encoding": ACCEPT_ENCODING,
+                },
+                cookie_jar=aiohttp.CookieJar(),
+            )
+            session = Session(self, client, self._logins.get(domain))
+            self._sessions[domain] = session
+        return session
+
+    # -- fetching -------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        url: str,
+        *,
+        method: str = "GET",
+        data: Mapping[str, str] | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        check: HopCheck | None = None,
+        robots: bool | None = None,
+    ) -> Response:
+        """Fetches `url`, following redirects: `check` then robots.txt approve each hop
+        first. Raises FetchError with a Reason; a response of any status is returned."""
+        session = self.session(url)
+        login = session.login
+        if login is not None:
+            await session.ensure_login(None)
+        generation = session.generation
+        response = await self.request(
+            session, method, url, data=data, headers=headers, check=check, robots=robots
+        )
+        if login is not None and login.expired(response):
+            await session.ensure_login(generation)
+            response = await self.request(
+                session, method, url, data=data, headers=headers, check=check, robots=robots
+            )
+        return response
+
+    async def request(
+        self,
+        session: Session,
+        method: str,
+        url: str,
+        *,
+        data: Mapping[str, str] | bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        check: HopCheck | None = None,
+        robots: bool | None = None,
+        follow: bool = True,
+    ) -> Response:
+        """One request through `session` and its redirects; no login handling."""
+        use_robots = self.settings.robots if robots is None else robots
+        history: list[Response] = []
+        visited = {url}
+        current = url
+        while True:
+            try:
+                if check is not None:
+                    await check(current)
+                if use_robots:
+                    await self.robots.check(current)
+                response = await self._send(session.client, method, current, data, headers)
+            except FetchError as exc:
+                raise FetchError(exc.reason, exc.url, exc.detail, responses=history) from exc
+            response = _with_history(response, history)
+            if not (follow and response.is_redirect):
+                return response
+            target = urljoin(current, response.header("Location") or "").split("#", 1)[0]
+            history.append(response)
+            if target in visited:
+                raise FetchError(
+                    Reason.REDIRECT_LOOP,
+                    url,
+                    f"{current} redirects back to {target}",
+                    responses=history,
+                )
+            if len(history) > self.settings.max_redirects:
+                raise FetchError(
+                    Reason.TOO_MANY_REDIRECTS,
+                    url,
+                    f"more than {self.settings.max_redirects} redirects",
+                    responses=history,
+                )
+            visited.add(target)
+            if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+                method, data = "GET", None
+            current = target
+
+    async def _fetch_robots(self, url: str) -> Response:
+        session = self.session(url)
+        return await self.request(session, "GET", url, robots=False)
+
+    async def _send(
+        self,
+        client: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        data: Mapping[str, str] | bytes | None,
+        headers: Mapping[str, str] | None,
+    ) -> Response:
+        max_bytes = self.settings.max_bytes
+        proxy = next(self._proxies) if self._proxies is not None else None
+        started = time.monotonic()
+        try:
+            async with client.request(
+                method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
+            ) as answer:
+                fetched_at = time.time()
+                if answer.content_length is not None and answer.content_length > max_bytes:
+                    raise FetchError(
+                        Reason.TOO_LARGE, url, f"Content-Length {answer.content_length}"
+                    )
+                raw = bytearray()
+                async for chunk in answer.content.iter_chunked(READ_CHUNK):
+                    raw += chunk
+                    if len(raw) > max_bytes:
+                        raise FetchError(Reason.TOO_LARGE, url, f"body over {max_bytes} bytes")
+                encoding = answer.headers.get("Content-Encoding")
+                body = decode_content(bytes(raw), encoding, max_bytes=max_bytes, url=url)
+                version = answer.version
+                return Response(
+                    url=url,
+                    status=answer.status,
+                    reason=answer.reason or "",
+                    http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
+                    headers=tuple(
+                        (k.decode("latin-1"), v.decode("latin-1")) for k, v in answer.raw_headers
+                    ),
+                    raw=bytes(raw),
+                    body=body,
+                    fetched_at=fetched_at,
+                    elapsed=time.monotonic() - started,
+                )
+        except FetchError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, url) from exc
+
+
+def _with_history(response: Response, history: list[Response]) -> Response:
+    if not history:
+        return response
+    return Response(
+        url=response.url,
+        status=response.status,
+        reason=response.reason,
+        http_version=response.http_version,
+        headers=response.headers,
+        raw=response.raw,
+        body=response.body,
+        fetched_at=response.fetched_at,
+        elapsed=response.elapsed,
+        history=tuple(history),
+    )
+
+
+def _translate(exc: Exception, url: str) -> FetchError:
+    """aiohttp's and the OS's errors, as the reasons a page record names."""
+    detail = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):
+        return FetchError(Reason.TIMEOUT, url, detail)
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return FetchError(Reason.DNS, url, detail)
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return FetchError(Reason.TLS, url, detail)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if exc.os_error.errno == errno.ECONNREFUSED:
+            return FetchError(Reason.REFUSED, url, detail)
+        return FetchError(Reason.CONNECT, url, detail)
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return FetchError(Reason.BROKEN_BODY, url, detail)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return FetchError(Reason.NETWORK, url, detail)
+    if isinstance(exc, aiohttp.InvalidURL | ValueError):
+        return FetchError(Reason.NETWORK, url, f"invalid request: {detail}")
+    raise exc

@@ -1,0 +1,50 @@
+"""What a crawler reads from an HTML page: its title and the links it may follow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from selectolax.lexbor import LexborHTMLParser
+
+from .urls import absolute
+
+SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "ftp:")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PageLinks:
+    title: str | None
+    links: list[str]  # absolute, canonical, unique, in page order
+    nofollow: bool  # the page's robots meta tag says not to follow its links
+
+
+def extract(html: str, url: str) -> PageLinks:
+    """Links of `a` and `area` elements, resolved against `<base href>` if the page has one;
+    `rel=nofollow` links are left out."""
+    tree = LexborHTMLParser(html)
+    title_node = tree.css_first("title")
+    title = title_node.text(strip=True) if title_node is not None else None
+    base = url
+    base_node = tree.css_first("base[href]")
+    if base_node is not None:
+        resolved = absolute(url, base_node.attributes.get("href") or "")
+        base = resolved or url
+    nofollow = False
+    for meta in tree.css("meta[name]"):
+        name = (meta.attributes.get("name") or "").lower()
+        content = (meta.attributes.get("content") or "").lower()
+        if name == "robots" and ("nofollow" in content or "none" in content):
+            nofollow = True
+    links: list[str] = []
+    found: set[str] = set()
+    for node in tree.css("a[href], area[href]"):
+        href = node.attributes.get("href") or ""
+        if href.strip().lower().startswith(SKIPPED_SCHEMES):
+            continue
+        if "nofollow" in (node.attributes.get("rel") or "").lower():
+            continue
+        link = absolute(base, href)
+        if link is not None and link not in found:
+            found.add(link)
+            links.append(link)
+    return PageLinks(title=title or None, links=links, nofollow=nofollow)

@@ -1,0 +1,187 @@
+"""Politeness from the server's side, pushed into the queue so no worker ever waits:
+
+- robots.txt Crawl-delay raises the group's interval (a limit rule for that group);
+- 429 and 503 with Retry-After block the group until then;
+- repeated timeouts, refusals and 5xx back the group off exponentially (a block too).
+
+Blocks carry a reason that `crawlq stats` and `group_stats` show. A worker also remembers
+the blocks it set, so tasks it already claimed for that group do not send requests early.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import Backend
+from ..grouping import url_host
+from ..limits import resolve
+from ..types import Limit, LimitRule
+from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
+from .fetcher import Fetcher
+from .response import Response
+
+#: A 429/503 without a usable Retry-After pauses its group this long.
+DEFAULT_RETRY_AFTER = 30.0
+#: Nobody is blocked longer than this by one answer, whatever it says.
+MAX_RETRY_AFTER = 24 * 3600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backoff:
+    """After `after` failures in a row from a group, block it base * factor**k (k counts the
+    failures beyond `after`), capped."""
+
+    after: int = 3
+    base: float = 5.0
+    factor: float = 2.0
+    cap: float = 600.0
+
+    def pause(self, failures: int) -> float | None:
+        if failures < self.after:
+            return None
+        return min(self.cap, self.base * self.factor ** (failures - self.after))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockEvent:
+    group: str
+    at: float
+    until: float
+    reason: str
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Retry-After as an epoch time: delay-seconds or an HTTP-date; None if unusable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return now + min(float(value), MAX_RETRY_AFTER)
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return min(moment.timestamp(), now + MAX_RETRY_AFTER)
+
+
+def glob_escape(name: str) -> str:
+    """A group name as a limit pattern matching only itself."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+class Politeness:
+    """One per worker and backend; `fetch` is the fetcher with the server's wishes applied."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.backoff = backoff or Backoff()
+        self.clock = clock
+        self.events: list[BlockEvent] = []
+        self._blocked: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._delays: dict[str, float] = {}
+
+    def blocked_until(self, group: str) -> float | None:
+        until = self._blocked.get(group)
+        if until is not None and until <= self.clock():
+            del self._blocked[group]
+            return None
+        return until
+
+    async def fetch(
+        self,
+        fetcher: Fetcher,
+        url: str,
+        *,
+        group: str | None = None,
+        groups: Mapping[str, str] | None = None,
+        scope: Callable[[str], Any] | None = None,
+        **options: Any,
+    ) -> Response:
+        """Fetches `url` politely. `group` is the first hop's group (default: its host);
+        later hops count against their host. Raises Throttled when the server asks for a
+        pause (the group is then blocked), FetchError for every other failure."""
+        first = group or url_host(url)
+
+        def group_of(hop: str) -> str:
+            return first if hop == url else url_host(hop)
+
+        async def check(hop: str) -> None:
+            if scope is not None:
+                scope(hop)
+            hop_group = group_of(hop)
+            until = self.blocked_until(hop_group)
+            if until is not None:
+                raise Throttled(hop, until, f"group {hop_group} is paused")
+
+        try:
+            response = await fetcher.fetch(url, check=check, **options)
+        except FetchError as exc:
+            await self._apply_delays(fetcher, exc.responses, exc.url, group_of)
+            if exc.reason in HOST_TROUBLE:
+                await self.failed(group_of(exc.url), exc.reason.value)
+            raise
+        await self._apply_delays(fetcher, response.chain, url, group_of)
+        last_group = group_of(response.url)
+        if response.status in (429, 503) and (
+            response.status == 429 or response.header("Retry-After") is not None
+        ):
+            now = self.clock()
+            until = retry_after(response.header("Retry-After"), now) or now + DEFAULT_RETRY_AFTER
+            reason = f"{response.status} Retry-After {response.header('Retry-After') or '-'}"
+            await self.block(last_group, until, reason)
+            raise Throttled(response.url, until, reason, responses=response.chain)
+        if response.status >= 500:
+            await self.failed(last_group, f"HTTP {response.status}")
+        else:
+            self._failures.pop(last_group, None)
+        return response
+
+    async def _apply_delays(
+        self,
+        fetcher: Fetcher,
+        responses: tuple[Response, ...],
+        url: str,
+        group_of: Callable[[str], str],
+    ) -> None:
+        for hop in {r.url for r in responses} | {url}:
+            delay = fetcher.robots.delay(hop)
+            if delay is not None:
+                await self.crawl_delay(group_of(hop), min(delay, fetcher.settings.max_crawl_delay))
+
+    async def crawl_delay(self, group: str, seconds: float) -> None:
+        """Raises `group`'s interval to `seconds` if it is lower; never lowers it."""
+        if self._delays.get(group, -1.0) >= seconds:
+            return
+        self._delays[group] = seconds
+        current = resolve(group, await self.backend.limits())
+        if current.interval >= seconds:
+            return
+        limit = Limit(concurrency=current.concurrency, interval=seconds)
+        await self.backend.set_limits([LimitRule(pattern=glob_escape(group), limit=limit)])
+
+    async def block(self, group: str, until: float, reason: str) -> None:
+        self._blocked[group] = max(until, self._blocked.get(group, 0.0))
+        self.events.append(BlockEvent(group=group, at=self.clock(), until=until, reason=reason))
+        await self.backend.block_group(group, until, reason)
+
+    async def failed(self, group: str, what: str) -> None:
+        count = self._failures.get(group, 0) + 1
+        self._failures[group] = count
+        pause = self.backoff.pause(count)
+        if pause is not None:
+            reason = f"backing off {pause:g}s: {count} failures in a row (last: {what})"
+            await self.block(group, self.clock() + pause, reason)
+
+
+__all__ = ["Backoff", "BlockEvent", "Politeness", "Reason", "retry_after"]

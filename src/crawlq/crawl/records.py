@@ -1,0 +1,62 @@
+"""Page records: one JSON line per fetch outcome, errors included (errors are data)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PageRecord:
+    url: str
+    depth: int
+    attempt: int
+    status: int | None  # of the last response received; None if none was
+    final_url: str | None = None
+    title: str | None = None
+    links: int = 0  # links found on the page (before scope rules)
+    queued: int = 0  # of those, newly added to the crawl
+    bytes: int = 0
+    content_type: str | None = None
+    fetched_at: float | None = None  # epoch seconds, when the last response arrived
+    fetch_time: float | None = None  # seconds from request to the full body, all hops
+    redirects: int = 0
+    error: str | None = None  # a Reason value
+    detail: str | None = None
+    retry: bool = False  # the page will be tried again
+    warc: str | None = None  # file:offset of the last response's record
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+
+
+class JsonlWriter:
+    """Appends lines with one write each to a file opened O_APPEND, so the lines of several
+    worker processes never interleave."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, record: PageRecord) -> None:
+        os.write(self._fd, (record.to_json() + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_records(path: Path | str) -> list[dict[str, object]]:
+    """Every record of a JSONL file (a torn last line, from a kill, is skipped)."""
+    records = []
+    with open(path, encoding="utf-8") as file:
+        for line in file:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records

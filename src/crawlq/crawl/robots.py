@@ -1,0 +1,117 @@
+"""robots.txt: fetched once per origin and cached (protego); decides what may be fetched.
+
+As RFC 9309 says: a 4xx robots.txt allows everything; a 5xx or unreachable one means the
+site cannot be crawled for now (a transient error, asked again after a short pause).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from protego import Protego
+
+from .errors import FetchError, Reason
+from .response import Response
+
+RobotsFetch = Callable[[str], Awaitable[Response]]
+
+#: How long an unreachable robots.txt keeps its site paused before it is asked again.
+RETRY_UNAVAILABLE = 60.0
+MAX_ORIGINS = 10_000
+MAX_ROBOTS_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    parser: Protego | None  # None: everything allowed
+    unavailable: str | None
+    expires: float
+
+
+def origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+
+
+class RobotsCache:
+    def __init__(
+        self,
+        fetch: RobotsFetch,
+        user_agent: str,
+        *,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._agent = user_agent.split("/", 1)[0]
+        self._ttl = ttl
+        self._clock = clock
+        self._rules: OrderedDict[str, Rules] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[Rules]] = {}
+
+    async def rules(self, url: str) -> Rules:
+        key = origin(url)
+        cached = self._rules.get(key)
+        if cached is not None and cached.expires > self._clock():
+            self._rules.move_to_end(key)
+            return cached
+        pending = self._pending.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Rules] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            rules = await self._load(key)
+            future.set_result(rules)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here, so a future nobody awaits stays quiet
+            raise
+        finally:
+            del self._pending[key]
+        self._rules[key] = rules
+        if len(self._rules) > MAX_ORIGINS:
+            self._rules.popitem(last=False)
+        return rules
+
+    async def _load(self, key: str) -> Rules:
+        now = self._clock()
+        try:
+            response = await self._fetch(f"{key}/robots.txt")
+        except FetchError as exc:
+            if exc.reason is Reason.TOO_LARGE:
+                return Rules(None, None, now + self._ttl)
+            return Rules(
+                None, f"robots.txt unreachable ({exc.reason.value})", now + RETRY_UNAVAILABLE
+            )
+        if response.status >= 500 or response.status == 429:
+            return Rules(None, f"robots.txt answered {response.status}", now + RETRY_UNAVAILABLE)
+        if response.status >= 400 or response.is_redirect:
+            return Rules(None, None, now + self._ttl)
+        text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
+        return Rules(Protego.parse(text), None, now + self._ttl)
+
+    async def check(self, url: str) -> None:
+        """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
+        rules = await self.rules(url)
+        if rules.unavailable is not None:
+            raise FetchError(Reason.ROBOTS_UNAVAILABLE, url, rules.unavailable)
+        if rules.parser is not None and not rules.parser.can_fetch(url, self._agent):
+            raise FetchError(Reason.ROBOTS_DISALLOWED, url, "disallowed by robots.txt")
+
+    def delay(self, url: str) -> float | None:
+        """The Crawl-delay (or Request-rate) robots.txt asks of this origin, once known."""
+        rules = self._rules.get(origin(url))
+        if rules is None or rules.parser is None:
+            return None
+        delay = rules.parser.crawl_delay(self._agent)
+        rate = rules.parser.request_rate(self._agent)
+        if rate is not None and rate.requests:
+            per_request = rate.seconds / rate.requests
+            delay = per_request if delay is None else max(delay, per_request)
+        return None if delay is None else float(delay)

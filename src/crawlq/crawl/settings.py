@@ -1,0 +1,55 @@
+"""How the fetcher behaves: small frozen, keyword-only value objects, one per concern."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+DEFAULT_USER_AGENT = "crawlq/0.1 (+https://github.com/crawlq/crawlq)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timeouts:
+    """Seconds: to connect, between two reads of the body, and for the whole request."""
+
+    connect: float = 10.0
+    read: float = 30.0
+    total: float = 60.0
+
+    def __post_init__(self) -> None:
+        if min(self.connect, self.read, self.total) <= 0:
+            raise ConfigError(f"timeouts must be positive: {self}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchSettings:
+    """`proxies` with one entry is a fixed egress proxy; with several, requests rotate over
+    them. `resolve` maps host names to addresses before DNS is asked; `resolve_only` refuses
+    every name not in it (a crawl that must never leave a private network)."""
+
+    user_agent: str = DEFAULT_USER_AGENT
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    max_redirects: int = 10
+    max_bytes: int = 10 * 2**20
+    proxies: tuple[str, ...] = ()
+    resolve: Mapping[str, str] = field(default_factory=dict)
+    resolve_only: bool = False
+    dns_ttl: int = 300
+    connections: int = 1000
+    verify_tls: bool = True
+    robots: bool = True
+    robots_ttl: float = 24 * 3600.0
+    max_crawl_delay: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_redirects < 0:
+            raise ConfigError(f"max_redirects must be >= 0, got {self.max_redirects}")
+        if self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be positive, got {self.max_bytes}")
+        if self.connections < 1:
+            raise ConfigError(f"connections must be positive, got {self.connections}")
+        for proxy in self.proxies:
+            if not proxy.startswith(("http://", "https://")):
+                raise ConfigError(f"proxy {proxy!r} must be an http:// or https:// URL")

@@ -1,0 +1,115 @@
+"""Where raw responses go: a content store. `WarcStore` writes WARC files and indexes each
+record (URL, time, file, offset) in a SQLite file beside them, so later stages read a
+response back without fetching it again. Object storage would be another ContentStore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+from typing import Protocol
+
+from .response import Response
+from .warc import DEFAULT_FILE_BYTES, RecordRef, RotatingWarcWriter, StoredResponse, read_record
+
+INDEX_FILE = "index.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id INTEGER PRIMARY KEY,
+    url TEXT NOT NULL,
+    fetched_at REAL NOT NULL,
+    status INTEGER NOT NULL,
+    file TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_url ON responses (url, fetched_at);
+"""
+_INSERT = (
+    "INSERT INTO responses (url, fetched_at, status, file, offset, length)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+)
+_LATEST = (
+    "SELECT file, offset, length FROM responses WHERE url = ?"
+    " ORDER BY fetched_at DESC, id DESC LIMIT 1"
+)
+
+
+class ContentStore(Protocol):
+    async def put(self, response: Response) -> RecordRef:
+        """Stores one response (one hop) once; returns where it is."""
+
+    async def get(self, url: str) -> StoredResponse | None:
+        """The latest stored response for `url`, or None."""
+
+    async def aclose(self) -> None: ...
+
+
+def open_index(path: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.executescript(_SCHEMA)
+    return connection
+
+
+class WarcStore:
+    """WARC files in `directory`, rotated at `max_file_bytes`, indexed in INDEX_FILE. All
+    disk work runs on one thread of its own, off the event loop."""
+
+    def __init__(self, directory: Path | str, *, max_file_bytes: int = DEFAULT_FILE_BYTES):
+        self.directory = Path(directory)
+        self._writer = RotatingWarcWriter(self.directory, max_file_bytes=max_file_bytes)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-warc")
+        self._index: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._index is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._index = open_index(self.directory / INDEX_FILE)
+        return self._index
+
+    async def put(self, response: Response) -> RecordRef:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._put, response)
+
+    def _put(self, response: Response) -> RecordRef:
+        ref = self._writer.write(response)
+        self._connection().execute(
+            _INSERT,
+            (response.url, response.fetched_at, response.status, ref.file, ref.offset, ref.length),
+        )
+        return ref
+
+    async def get(self, url: str) -> StoredResponse | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._get, url)
+
+    def _get(self, url: str) -> StoredResponse | None:
+        row = self._connection().execute(_LATEST, (url,)).fetchone()
+        if row is None:
+            return None
+        return read_record(self.directory, RecordRef(file=row[0], offset=row[1], length=row[2]))
+
+    def refs(self, url: str) -> list[RecordRef]:
+        """Every stored record of `url`, oldest first (blocking: for tools and tests)."""
+        with closing(open_index(self.directory / INDEX_FILE)) as connection:
+            rows = connection.execute(
+                "SELECT file, offset, length FROM responses WHERE url = ? ORDER BY id", (url,)
+            ).fetchall()
+        return [RecordRef(file=f, offset=o, length=n) for f, o, n in rows]
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self._close)
+        self._thread.shutdown()
+
+    def _close(self) -> None:
+        self._writer.close()
+        if self._index is not None:
+            self._index.close()
+            self._index = None

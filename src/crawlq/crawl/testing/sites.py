@@ -1,0 +1,215 @@
+"""A synthetic web: many sites, each on its own loopback address (127.0.1.1, 127.0.1.2...),
+so each is its own politeness group; a static resolve map lets names like site1.test reach
+them. Pages link to each other (every page reachable from /page/0), robots.txt, latency,
+injected errors and custom routes per site; every request is logged with its arrival and
+end time, so tests and benchmarks can check politeness from the server's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+Route = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+FIRST_ADDRESS = (127, 0, 1, 1)
+
+
+@dataclass(kw_only=True)
+class Hit:
+    host: str
+    method: str
+    path: str  # with the query
+    at: float  # epoch seconds, when the request arrived
+    peer: str
+    headers: dict[str, str]
+    cookies: dict[str, str]
+    ended: float | None = None
+
+
+@dataclass(kw_only=True)
+class Site:
+    """`pages` pages at /page/0 .. /page/{pages-1}; page n links to n+1, 2n+1 and 2n+2 (of
+    those that exist) and page 0 to each of `cross_links` (absolute URLs). `robots` is the
+    robots.txt body (None: 404). A fraction `flaky` of the pages fail their first request
+    with 500, 429 or 503 (the last two with Retry-After `retry_after`). `routes` override any
+    path."""
+
+    name: str
+    pages: int = 10
+    robots: str | None = None
+    latency: float = 0.0
+    flaky: float = 0.0
+    retry_after: int = 1
+    cross_links: list[str] = field(default_factory=list)
+    routes: dict[str, Route] = field(default_factory=dict)
+
+
+def _fraction(text: str) -> float:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def page_html(title: str, links: list[str], body: str = "") -> str:
+    anchors = "".join(f'<li><a href="{link}">{link}</a></li>' for link in links)
+    return (
+        f"<!doctype html><html><head><title>{title}</title></head>"
+        f"<body><h1>{title}</h1>{body}<ul>{anchors}</ul></body></html>"
+    )
+
+
+def respond(
+    status: int = 200,
+    body: str | bytes = "",
+    *,
+    content_type: str = "text/html; charset=utf-8",
+    headers: dict[str, str] | None = None,
+) -> Route:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        data = body.encode() if isinstance(body, str) else body
+        answer = web.Response(status=status, body=data, headers=headers)
+        answer.headers["Content-Type"] = content_type
+        return answer
+
+    return handler
+
+
+def redirect(location: str, status: int = 302) -> Route:
+    return respond(status, "", headers={"Location": location})
+
+
+def hang(release: asyncio.Event) -> Route:
+    """Answers only once `release` is set: a request that times out, deterministically."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(text="too late")
+
+    return handler
+
+
+class SyntheticWeb:
+    """`async with SyntheticWeb([Site(name="a.test"), ...]) as net:`; then `net.url(name,
+    path)`, `net.resolve` (for FetchSettings), `net.hits`."""
+
+    def __init__(self, sites: list[Site]) -> None:
+        self.sites = {site.name: site for site in sites}
+        self.hits: list[Hit] = []
+        self.addresses: dict[str, str] = {}
+        self.ports: dict[str, int] = {}
+        self._served: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self._sockets: list[socket.socket] = []
+
+    @property
+    def resolve(self) -> dict[str, str]:
+        return dict(self.addresses)
+
+    def url(self, name: str, path: str = "/page/0") -> str:
+        return f"http://{name}:{self.ports[name]}{path}"
+
+    def page_urls(self, name: str) -> list[str]:
+        return [self.url(name, f"/page/{n}") for n in range(self.sites[name].pages)]
+
+    def hits_for(self, name: str, *, pages_only: bool = False) -> list[Hit]:
+        return [
+            h for h in self.hits if h.host == name and not (pages_only and h.path == "/robots.txt")
+        ]
+
+    def peak_concurrency(self, name: str) -> int:
+        events = []
+        for hit in self.hits_for(name):
+            events.append((hit.at, 1))
+            events.append((hit.ended if hit.ended is not None else float("inf"), -1))
+        peak = current = 0
+        for _, change in sorted(events, key=lambda e: (e[0], e[1])):
+            current += change
+            peak = max(peak, current)
+        return peak
+
+    async def __aenter__(self) -> SyntheticWeb:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        for index, name in enumerate(self.sites):
+            address = ".".join(str(p) for p in (*FIRST_ADDRESS[:3], FIRST_ADDRESS[3] + index))
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, 0))
+            self._sockets.append(sock)
+            self.addresses[name] = address
+            self.ports[name] = sock.getsockname()[1]
+            await web.SockSite(self._runner, sock).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for sock in self._sockets:
+            sock.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        host = (request.url.host or "").lower()
+        hit = Hit(
+            host=host,
+            method=request.method,
+            path=request.path_qs,
+            at=time.time(),
+            peer=str(request.remote),
+            headers=dict(request.headers),
+            cookies=dict(request.cookies),
+        )
+        self.hits.append(hit)
+        try:
+            return await self._answer(request, host)
+        finally:
+            hit.ended = time.time()
+
+    async def _answer(self, request: web.Request, host: str) -> web.StreamResponse:
+        site = self.sites.get(host)
+        if site is None:
+            return web.Response(status=421, text=f"no site {host}")
+        if site.latency:
+            await asyncio.sleep(site.latency)
+        route = site.routes.get(request.path_qs) or site.routes.get(request.path)
+        if route is not None:
+            return await route(request)
+        if request.path == "/robots.txt":
+            if site.robots is None:
+                return web.Response(status=404, text="no robots.txt")
+            return web.Response(text=site.robots, content_type="text/plain")
+        prefix = "/page/"
+        if not request.path.startswith(prefix) or not request.path[len(prefix) :].isdigit():
+            return web.Response(status=404, text="not found")
+        number = int(request.path[len(prefix) :])
+        if number >= site.pages:
+            return web.Response(status=404, text="not found")
+        failure = self._injected(site, request.path)
+        if failure is not None:
+            return failure
+        links = [f"/page/{n}" for n in (number + 1, 2 * number + 1, 2 * number + 2)]
+        links = [link for link in links if int(link.rsplit("/", 1)[1]) < site.pages]
+        if number == 0:
+            links += site.cross_links
+        title = f"{site.name} page {number}"
+        return web.Response(text=page_html(title, links), content_type="text/html")
+
+    def _injected(self, site: Site, path: str) -> web.Response | None:
+        key = f"{site.name}{path}"
+        served = self._served.get(key, 0)
+        self._served[key] = served + 1
+        if served or not site.flaky or _fraction(key) >= site.flaky:
+            return None
+        kind = int(_fraction(key + "#kind") * 3)
+        if kind == 0:
+            return web.Response(status=500, text="injected error")
+        status = 429 if kind == 1 else 503
+        headers = {"Retry-After": str(site.retry_after)}
+        return web.Response(status=status, text="slow down", headers=headers)

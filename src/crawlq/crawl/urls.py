@@ -1,0 +1,82 @@
+"""URL canonicalization: one spelling per resource, so the queue's identity dedupes it.
+
+Lower-case scheme and host, IDNA host, no default port, no fragment, dot segments resolved,
+percent-escapes normalized (unreserved characters decoded, the rest upper-case), an empty
+path made "/". The query keeps its order: servers may care about it.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from urllib.parse import quote, urljoin, urlsplit, urlunsplit
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_PATH_SAFE = "/:@!$&'()*+,;=-._~%"
+_QUERY_SAFE = "/?:@!$&'()*+,;=-._~%"
+
+
+def _normalize_escapes(part: str, safe: str) -> str:
+    def fix(match: re.Match[str]) -> str:
+        char = chr(int(match.group(0)[1:], 16))
+        return char if char in _UNRESERVED else match.group(0).upper()
+
+    return quote(_ESCAPE.sub(fix, part), safe=safe)
+
+
+def _remove_dot_segments(path: str) -> str:
+    if "." not in path:
+        return path
+    trailing = path.endswith(("/", "/.", "/.."))
+    normalized = posixpath.normpath(path)
+    if normalized.startswith("//"):
+        normalized = "/" + normalized.lstrip("/")
+    if trailing and normalized != "/":
+        normalized += "/"
+    return normalized
+
+
+def canonicalize(url: str) -> str | None:
+    """The canonical form of an absolute http(s) URL; None if it is not one."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    host = parts.hostname
+    if scheme not in DEFAULT_PORTS or not host:
+        return None
+    try:
+        host = host.encode("idna").decode("ascii") if not host.isascii() else host.lower()
+    except UnicodeError:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host if port in (None, DEFAULT_PORTS[scheme]) else f"{host}:{port}"
+    if parts.username or parts.password:
+        user = parts.username or ""
+        netloc = f"{user}:{parts.password}@{netloc}" if parts.password else f"{user}@{netloc}"
+    path = _remove_dot_segments(_normalize_escapes(parts.path, _PATH_SAFE)) or "/"
+    query = _normalize_escapes(parts.query, _QUERY_SAFE)
+    return urlunsplit((scheme, netloc, path, query, ""))
+
+
+def absolute(base: str, href: str) -> str | None:
+    """`href` found on page `base`, resolved and canonical; None for non-http(s) links."""
+    href = href.strip()
+    if not href or href.startswith("#"):
+        return None
+    try:
+        joined = urljoin(base, unquote_spaces(href))
+    except ValueError:
+        return None
+    return canonicalize(joined)
+
+
+def unquote_spaces(href: str) -> str:
+    """Authors write raw spaces and newlines in links; browsers drop newlines and tabs and
+    escape spaces."""
+    return href.replace("\n", "").replace("\r", "").replace("\t", "").replace(" ", "%20")

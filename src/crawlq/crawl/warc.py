@@ -1,0 +1,124 @@
+"""WARC files (warcio): one gzip member per record, files rotated by size.
+
+Every file starts with a warcinfo record; each response is one `response` record holding
+the status line, the headers and the body exactly as received (compressed if the server
+compressed it). `Transfer-Encoding` is dropped: the body is stored de-chunked.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO
+
+from warcio.archiveiterator import ArchiveIterator
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from .response import Response
+
+DEFAULT_FILE_BYTES = 1 << 30
+_DROPPED = frozenset({"transfer-encoding"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecordRef:
+    file: str  # name inside the WARC directory
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredResponse:
+    url: str
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    raw: bytes  # the body as it came over the wire
+    fetched_at: float
+
+
+def warc_date(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class RotatingWarcWriter:
+    """Appends records to `<prefix>-<stamp>-<pid>-<n>.warc.gz` files, a new one after each
+    reaches `max_file_bytes`. Each process and each run writes files of its own. Not thread
+    safe: one thread writes."""
+
+    def __init__(self, directory: Path, *, prefix: str = "crawlq", max_file_bytes: int) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self.max_file_bytes = max_file_bytes
+        self._run = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{os.getpid()}"
+        self._sequence = 0
+        self._file: BinaryIO | None = None
+        self._name = ""
+        self._writer: WARCWriter | None = None
+
+    def _open(self) -> tuple[BinaryIO, WARCWriter]:
+        if self._file is None or self._writer is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
+            self._sequence += 1
+            self._file = open(self.directory / self._name, "ab")  # noqa: SIM115 - kept open
+            self._writer = WARCWriter(self._file, gzip=True)
+            info = self._writer.create_warcinfo_record(
+                self._name, {"software": "crawlq", "format": "WARC File Format 1.1"}
+            )
+            self._writer.write_record(info)
+        return self._file, self._writer
+
+    def write(self, response: Response) -> RecordRef:
+        file, writer = self._open()
+        headers = [(k, v) for k, v in response.headers if k.lower() not in _DROPPED]
+        status_line = f"{response.status} {response.reason}".strip()
+        http_headers = StatusAndHeaders(status_line, headers, protocol=response.http_version)
+        record = writer.create_warc_record(
+            response.url,
+            "response",
+            payload=io.BytesIO(response.raw),
+            length=len(response.raw),
+            http_headers=http_headers,
+            warc_headers_dict={
+                "WARC-Date": warc_date(response.fetched_at),
+                "WARC-Record-ID": f"<urn:uuid:{uuid.uuid4()}>",
+            },
+        )
+        offset = file.tell()
+        writer.write_record(record)
+        file.flush()
+        ref = RecordRef(file=self._name, offset=offset, length=file.tell() - offset)
+        if file.tell() >= self.max_file_bytes:
+            self.close()
+        return ref
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+        self._writer = None
+
+
+def read_record(directory: Path, ref: RecordRef) -> StoredResponse:
+    """The response record at `ref`, read without scanning the file."""
+    with open(directory / ref.file, "rb") as file:
+        file.seek(ref.offset)
+        for record in ArchiveIterator(file):
+            http = record.http_headers
+            status = int(http.get_statuscode())
+            date = record.rec_headers.get_header("WARC-Date")
+            fetched = datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            return StoredResponse(
+                url=record.rec_headers.get_header("WARC-Target-URI"),
+                status=status,
+                headers=tuple((str(k), str(v)) for k, v in http.headers),
+                raw=record.raw_stream.read(),
+                fetched_at=fetched.timestamp(),
+            )
+    raise ValueError(f"no WARC record at {ref.file}:{ref.offset}")
