@@ -50,6 +50,8 @@ class App:
         self._backends: dict[asyncio.AbstractEventLoop, Backend] = {}
         self._ready: set[Backend] = set()
         self._portal = Portal()
+        self._providers: dict[str, Callable[[], Any]] = {}
+        self._shared: dict[asyncio.AbstractEventLoop, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"<App {self.url} tasks={sorted(self.tasks)}>"
@@ -159,7 +161,34 @@ class App:
             await backend.set_limits(list(self.limit_rules.values()))
         self._ready.add(backend)
 
+    # -- resources shared by the tasks of a worker ---------------------------------------
+
+    def provide(self, name: str, factory: Callable[[], Any]) -> None:
+        """Registers a resource every task of a worker shares (the fetcher, a store): built
+        by `factory()` on first use in each event loop, closed (its `aclose()`) when the
+        worker stops."""
+        self._providers[name] = factory
+
+    def shared(self, name: str, default: Callable[[], Any] | None = None) -> Any:
+        """This loop's instance of resource `name`, built from its provider or `default`."""
+        resources = self._shared.setdefault(asyncio.get_running_loop(), {})
+        if name not in resources:
+            factory = self._providers.get(name, default)
+            if factory is None:
+                raise ConfigError(f"no shared resource {name!r}: register it with app.provide")
+            resources[name] = factory()
+        return resources[name]
+
+    async def close_shared(self) -> None:
+        """Closes this loop's shared resources, the last built first."""
+        resources = self._shared.pop(asyncio.get_running_loop(), {})
+        for resource in reversed(list(resources.values())):
+            close = getattr(resource, "aclose", None)
+            if close is not None:
+                await close()
+
     async def aclose(self) -> None:
+        await self.close_shared()
         loop = asyncio.get_running_loop()
         backend = self._backends.pop(loop, None)
         if backend is not None:

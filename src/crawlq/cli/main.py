@@ -24,6 +24,7 @@ from .common import (
     run,
     setup_logging,
 )
+from .crawl import crawl
 from .inspect import dead, limits, stats
 
 
@@ -198,6 +199,7 @@ def demo(db: str, sites: int, pages: int) -> None:
 cli.add_command(stats)
 cli.add_command(dead)
 cli.add_command(limits)
+cli.add_command(crawl)
 
 
 def main() -> None:

@@ -133,6 +133,7 @@ class Worker:
             await asyncio.gather(heartbeats, return_exceptions=True)
             await backend.unregister_worker(self.id)
             await listener.close()
+            await self.app.close_shared()
             log.info("worker %s stopped: %s", self.id, self.stats)
         return self.stats
 
