@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs redis-server from Debian's packages if it is not already on PATH. Idempotent.
-# Needed by the Redis-backed benchmarks (benchmarks/peers) and Redis test fixtures.
+# Needed by the Redis tests (scripts/test.sh runs this) and the benchmarks.
 set -euo pipefail
 if command -v redis-server >/dev/null 2>&1; then
     echo "redis-server already installed: $(redis-server --version)"

@@ -1,5 +1,6 @@
-"""Real worker processes on a real SQLite file: politeness across processes, crash safety,
-graceful stop and wake-ups. Waits are bounded polls for a condition, never fixed sleeps."""
+"""Real worker processes on a real SQLite file and a real redis-server: politeness across
+processes, crash safety, graceful stop, wake-ups, and a Redis restart in mid-run. Waits are
+bounded polls for a condition, never fixed sleeps."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,11 @@ from typing import Any
 import pytest
 
 import crawlq
-from crawlq.backends.sqlite import SQLiteBackend
+from crawlq.backends import open_backend
+from crawlq.testing.redis_server import RedisServer
 from crawlq.types import JSON, GroupStats, QueueStats
+
+from .conftest import BACKENDS, backend_url
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.proc_app:app"
@@ -63,16 +67,20 @@ class Env:
                     os.environ[k] = v
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
+def make_env(url: str, tmp_path: Path) -> Env:
     record = tmp_path / "record.jsonl"
     variables = {
         **os.environ,
-        "CRAWLQ_BACKEND": f"sqlite:///{tmp_path / 'queue.db'}",
+        "CRAWLQ_BACKEND": url,
         "CRAWLQ_RECORD": str(record),
         "PYTHONPATH": str(ROOT),
     }
-    yield Env(url=variables["CRAWLQ_BACKEND"], record=record, vars=variables)
+    return Env(url=url, record=record, vars=variables)
+
+
+@pytest.fixture(params=BACKENDS)
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
+    return make_env(backend_url(request.param, tmp_path, request), tmp_path)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> None:
@@ -100,8 +108,12 @@ def queue_stats(app: crawlq.App, queue: str) -> QueueStats:
 
 def polite_groups(url: str) -> list[GroupStats]:
     async def read() -> list[GroupStats]:
-        async with SQLiteBackend(url, create=False) as backend:
+        backend = open_backend(url, create=False)
+        await backend.open()
+        try:
             return await backend.group_stats("polite.test", include_idle=True)
+        finally:
+            await backend.close()
 
     return asyncio.run(read())
 
@@ -253,3 +265,63 @@ def test_an_idle_worker_wakes_when_work_is_scheduled(env: Env) -> None:
         finally:
             worker.send_signal(signal.SIGTERM)
             finish(worker)
+
+
+def test_three_separate_workers_share_a_groups_limits(env: Env) -> None:
+    """Three `crawlq worker` commands, as on three machines: one group's concurrency and
+    interval hold across all of them."""
+    env.vars.update(TEST_CONCURRENCY="2", TEST_INTERVAL="0.02", TEST_HIT_SECONDS="0.1")
+    app = env.app()
+    with app:
+        app.schedule_many("hit", [f"http://polite.test/{i}" for i in range(60)])
+    workers = [env.worker("--burst", "-c", "20") for _ in range(3)]
+    for worker in workers:
+        output = finish(worker)
+        assert worker.returncode == 0, output
+    events = env.events()
+    starts = [e for e in events if e["event"] == "start"]
+    assert sorted(e["element"] for e in starts) == sorted(
+        f"http://polite.test/{i}" for i in range(60)
+    )
+    assert peak_overlap(events) == 2
+    claims = sorted(e["claimed_at"] for e in starts)
+    assert min(b - a for a, b in itertools.pairwise(claims)) >= 0.02 - 1e-9
+    assert len({e["pid"] for e in starts}) >= 2, "the workers did not compete"
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
+def test_a_redis_restart_mid_run_loses_no_element(tmp_path: Path, kill: bool) -> None:
+    """With appendonly and appendfsync always, Redis restarting (cleanly or killed) under a
+    working worker and a scheduler loses nothing: every element runs, the queue ends empty."""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    server.start()
+    try:
+        env = make_env(f"{server.url}?namespace=restart", tmp_path)
+        env.vars.update(TEST_LEASE="5", TEST_HIT_SECONDS="0.01")
+        app = env.app()
+        first: list[JSON] = [{"on": [], "n": i} for i in range(300)]
+        later: list[JSON] = [{"on": [], "n": i} for i in range(300, 400)]
+        with app:
+            app.schedule_many("hold", first)
+        worker = env.worker("-c", "10")
+        try:
+            wait_for(lambda: len(env.events()) >= 200, what="a third of the run")
+            server.restart(kill=kill)
+            with app:
+                app.schedule_many("hold", later)
+            wait_for(
+                lambda: {e["element"]["n"] for e in env.events() if e["event"] == "end"}
+                >= set(range(400)),
+                timeout=90,
+                what="every element to run",
+            )
+            with app:
+                wait_for(lambda: queue_stats(app, "hold").total == 0, what="the last acks")
+                stats = queue_stats(app, "hold")
+                assert (stats.running, stats.dead) == (0, 0)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            output = finish(worker)
+        assert worker.returncode == 0, output
+    finally:
+        server.remove()

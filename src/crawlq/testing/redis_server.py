@@ -12,9 +12,11 @@ directory, so with `appendonly` the data comes back as the server reloads its lo
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -36,15 +38,6 @@ def _free_port() -> int:
         return port
 
 
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 class RedisServer:
     def __init__(
         self,
@@ -52,6 +45,7 @@ class RedisServer:
         appendonly: bool = False,
         appendfsync: str = "everysec",
         password: str | None = None,
+        tls: bool = False,
         executable: str = "redis-server",
         startup_timeout: float = 10.0,
     ) -> None:
@@ -62,19 +56,41 @@ class RedisServer:
         self.appendonly = appendonly
         self.appendfsync = appendfsync
         self.password = password
+        self.tls = tls
         self.startup_timeout = startup_timeout
         self.port = _free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="redis-"))
         self.log = self.workdir / "redis.log"
         self._proc: subprocess.Popen[bytes] | None = None
+        self.ca_file = self.workdir / "ca.pem"
+        if tls:
+            self._make_certificates()
+
+    def _make_certificates(self) -> None:
+        import trustme  # a test dependency: certificates for 127.0.0.1 signed by a fresh CA
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        cert.private_key_pem.write_to_path(str(self.workdir / "server.key"))
+        cert.cert_chain_pems[0].write_to_path(str(self.workdir / "server.crt"))
+        ca.cert_pem.write_to_path(str(self.ca_file))
 
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca_file}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> str:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args = [self.binary, "--bind", "127.0.0.1"]
+        if self.tls:
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            args += ["--tls-cert-file", str(self.workdir / "server.crt")]
+            args += ["--tls-key-file", str(self.workdir / "server.key")]
+            args += ["--tls-ca-cert-file", str(self.ca_file)]
+        else:
+            args += ["--port", str(self.port)]
         args += ["--dir", str(self.workdir), "--save", "", "--daemonize", "no"]
         args += ["--appendonly", "yes" if self.appendonly else "no"]
         args += ["--appendfsync", self.appendfsync]
@@ -91,7 +107,6 @@ class RedisServer:
     def _wait_for_ping(self) -> None:
         assert self._proc is not None
         deadline = time.monotonic() + self.startup_timeout
-        # An unauthenticated PING is refused with -NOAUTH, which also proves the server is up.
         while not self._answers():
             if self._proc.poll() is not None:
                 raise RedisServerError(
@@ -105,12 +120,18 @@ class RedisServer:
             time.sleep(0.01)
 
     def _answers(self) -> bool:
-        if not self.password:
-            return _answers_ping(self.port)
+        # An unauthenticated PING is refused with -NOAUTH, which also proves the server is up.
+        expected = b"-NOAUTH" if self.password else b"+PONG"
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            sock = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+            with contextlib.ExitStack() as stack:
+                stack.callback(sock.close)
+                if self.tls:
+                    context = ssl.create_default_context(cafile=str(self.ca_file))
+                    sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
+                    stack.callback(sock.close)
                 sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"-NOAUTH")
+                return sock.recv(64).startswith(expected)
         except OSError:
             return False
 

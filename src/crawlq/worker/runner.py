@@ -22,7 +22,7 @@ from typing import Any
 from ..app import App
 from ..backends import Backend
 from ..context import Context
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError
 from ..tasks import Task
 from ..types import Claimed, Failure, WorkerInfo
 from ..wakeup import Listener
@@ -35,6 +35,8 @@ MAX_IDLE = 30.0
 #: A burst worker that waits on other workers' elements re-checks this often.
 BURST_RECHECK = 0.5
 CLAIM_BATCH = 100
+#: The longest pause between claims while the backend cannot be reached.
+MAX_OUTAGE_PAUSE = 5.0
 
 
 @dataclass(kw_only=True)
@@ -138,6 +140,7 @@ class Worker:
         return self.stats
 
     async def _claim_loop(self, backend: Backend, listener: Listener) -> None:
+        outage_pause = 0.1
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:
@@ -149,7 +152,18 @@ class Worker:
             self._changed.clear()
             want = min(free, CLAIM_BATCH)
             flushes = self._flushes
-            result = await backend.claim(self.queues, worker=self.id, limit=want, lease=self.lease)
+            try:
+                result = await backend.claim(
+                    self.queues, worker=self.id, limit=want, lease=self.lease
+                )
+            except BackendError as exc:
+                # A backend that went away (Redis restarting): keep running tasks, retry.
+                pause = min(MAX_OUTAGE_PAUSE, outage_pause)
+                log.warning("worker %s: claim failed (%s); retrying in %.1fs", self.id, exc, pause)
+                await self._wait_any([self._stop], pause)
+                outage_pause *= 2
+                continue
+            outage_pause = 0.1
             for claimed in result.elements:
                 self._start(backend, claimed)
             if len(result.elements) == want:

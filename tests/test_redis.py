@@ -1,0 +1,165 @@
+"""What only the Redis backend has: connection options (passwords, TLS, namespaces), clear
+errors when Redis is not there, no password in messages, and glob rules matched in Lua
+exactly as fnmatch matches them in Python."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+import redis
+
+from crawlq.backends import open_backend
+from crawlq.backends.redis.backend import redact
+from crawlq.backends.redis.globs import lua_pattern
+from crawlq.errors import BackendUnavailable, ConfigError
+from crawlq.testing.redis_server import RedisServer
+from crawlq.types import Limit, LimitRule
+
+from .helpers import claim, config, schedule, url
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(password="s3cret-pw", tls=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+async def test_password_and_tls_are_honored(secured: RedisServer) -> None:
+    assert secured.url.startswith("rediss://:s3cret-pw@")
+    backend = open_backend(secured.url)
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        await schedule(backend, "pages", [url("a.test", 1)])
+        (claimed,) = await claim(backend)
+        assert claimed.group == "a.test"
+        assert "s3cret-pw" not in backend.url
+    finally:
+        await backend.close()
+
+
+async def test_a_wrong_password_is_a_clear_error_without_the_password(
+    secured: RedisServer,
+) -> None:
+    wrong = secured.url.replace("s3cret-pw", "guess-pw")
+    with pytest.raises(BackendUnavailable, match="cannot reach Redis") as refused:
+        await open_backend(wrong).open()
+    assert "guess-pw" not in str(refused.value)
+
+
+async def test_plain_text_to_a_tls_server_is_refused(secured: RedisServer) -> None:
+    plain = secured.url.replace("rediss://", "redis://").partition("?")[0]
+    with pytest.raises(BackendUnavailable, match="cannot reach Redis"):
+        await open_backend(plain).open()
+
+
+async def test_an_unreachable_server_is_reported_at_once() -> None:
+    server = RedisServer()  # a free port nobody listens on
+    server.remove()
+    with pytest.raises(
+        BackendUnavailable, match=f"cannot reach Redis at redis://127.0.0.1:{server.port}"
+    ):
+        await open_backend(server.url).open()
+
+
+def test_passwords_are_redacted_from_urls() -> None:
+    assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redact("rediss://user:pw@h/0?x=1") == "rediss://user:***@h/0?x=1"
+    assert redact("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_bad_namespaces_are_refused() -> None:
+    with pytest.raises(ConfigError, match="namespace"):
+        open_backend("redis://127.0.0.1:1/0?namespace=a{b}")
+
+
+async def test_namespaces_keep_queues_apart(redis_server: RedisServer) -> None:
+    one = open_backend(f"{redis_server.url}?namespace=one")
+    two = open_backend(f"{redis_server.url}?namespace=two")
+    await one.open()
+    await two.open()
+    try:
+        for backend in (one, two):
+            await backend.ensure_queues([config("jobs")])
+        await schedule(one, "jobs", ["only in one"])
+        assert await claim(two, "jobs") == []
+        assert [c.payload for c in await claim(one, "jobs")] == ['"only in one"']
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_opening_without_create_refuses_an_empty_namespace(
+    redis_server: RedisServer,
+) -> None:
+    with pytest.raises(BackendUnavailable, match="no crawlq data"):
+        await open_backend(f"{redis_server.url}?namespace=never-made", create=False).open()
+    client = redis.Redis.from_url(redis_server.url)
+    assert client.keys("{never-made}*") == []
+    client.close()
+
+
+async def test_priorities_order_exactly_within_53_bits(redis_server: RedisServer) -> None:
+    backend = open_backend(f"{redis_server.url}?namespace=priorities")
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("jobs")])
+        for p in (2**52, -(2**52), 2**52 - 1, 0):
+            await schedule(backend, "jobs", [p], priority=p)
+        assert [c.priority for c in await claim(backend, "jobs")] == [
+            2**52,
+            2**52 - 1,
+            0,
+            -(2**52),
+        ]
+    finally:
+        await backend.close()
+
+
+async def test_limit_rules_match_in_lua_as_fnmatch_does(redis_server: RedisServer) -> None:
+    """Random globs over a small alphabet, set as limit rules: each group's limit in Redis is
+    the one Python's fnmatch-based resolution gives."""
+    from crawlq.limits import resolve
+
+    rng = random.Random(11)
+    alphabet = "ab.-*?[]!%^$"
+    globs = {"".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 6))) for _ in range(60)}
+    rules = [
+        LimitRule(pattern=glob, limit=Limit(concurrency=i + 1))
+        for i, glob in enumerate(sorted(globs))
+    ]
+    groups = sorted(
+        {"".join(rng.choice("ab.-%^$[]") for _ in range(rng.randrange(1, 5))) for _ in range(80)}
+    )
+    backend = open_backend(f"{redis_server.url}?namespace=globs")
+    await backend.open()
+    try:
+        await backend.set_limits(rules)
+        for group in groups:
+            await backend.block_group(group, None, None)  # makes the group known
+        stored = {g.name: g.limit for g in await backend.group_stats(limit=1000, include_idle=True)}
+        all_rules = await backend.limits()
+        for group in groups:
+            assert stored[group] == resolve(group, all_rules), group
+        for glob in sorted(globs):
+            matched = {
+                g.name for g in await backend.group_stats(glob, limit=1000, include_idle=True)
+            }
+            assert matched == {g for g in groups if fnmatchcase(g, glob)}, glob
+    finally:
+        await backend.close()
+
+
+def test_lua_patterns_of_plain_globs() -> None:
+    assert lua_pattern("*.example.org") == "^.*%.example%.org$"
+    assert lua_pattern("h?.test") == "^h.%.test$"
+    assert lua_pattern("[!a-c]x") == "^[^a-c]x$"
+    assert lua_pattern("[") == "^%[$"
