@@ -31,6 +31,7 @@ class Rules:
     parser: Protego | None  # None: everything allowed
     unavailable: str | None
     expires: float
+    failure: Reason = Reason.ROBOTS_UNAVAILABLE  # what a page of an unavailable site fails with
 
 
 def origin(url: str) -> str:
@@ -86,9 +87,9 @@ class RobotsCache:
         except FetchError as exc:
             if exc.reason is Reason.TOO_LARGE:
                 return Rules(None, None, now + self._ttl)
-            return Rules(
-                None, f"robots.txt unreachable ({exc.reason.value})", now + RETRY_UNAVAILABLE
-            )
+            # The site itself is unreachable: its pages fail for the same reason.
+            detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
+            return Rules(None, detail, now + RETRY_UNAVAILABLE, exc.reason)
         if response.status >= 500 or response.status == 429:
             return Rules(None, f"robots.txt answered {response.status}", now + RETRY_UNAVAILABLE)
         if response.status >= 400 or response.is_redirect:
@@ -100,7 +101,7 @@ class RobotsCache:
         """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
         rules = await self.rules(url)
         if rules.unavailable is not None:
-            raise FetchError(Reason.ROBOTS_UNAVAILABLE, url, rules.unavailable)
+            raise FetchError(rules.failure, url, rules.unavailable)
         if rules.parser is not None and not rules.parser.can_fetch(url, self._agent):
             raise FetchError(Reason.ROBOTS_DISALLOWED, url, "disallowed by robots.txt")
 

@@ -1,0 +1,31 @@
+"""Fixtures of the crawler tests: settings that can only reach the synthetic web."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crawlq.crawl.crawler import CrawlSettings
+from crawlq.crawl.politeness import Backoff
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.settings import FetchSettings, Timeouts
+from crawlq.crawl.testing import SyntheticWeb
+from crawlq.retry import Retry
+
+#: Retries that do not slow a test down: 3 tries, 50 ms apart.
+FAST_RETRY = Retry(max_attempts=3, base=0.05, factor=1, jitter=0)
+
+
+def fetch_settings(net: SyntheticWeb, **options: Any) -> FetchSettings:
+    """Only the synthetic web's names resolve: a test can never reach a public address."""
+    options.setdefault("timeouts", Timeouts(connect=5, read=5, total=10))
+    options.setdefault("resolve", net.resolve)
+    return FetchSettings(resolve_only=True, **options)
+
+
+def crawl_settings(net: SyntheticWeb, out: Path, **options: Any) -> CrawlSettings:
+    fetch = options.pop("fetch", None) or fetch_settings(net)
+    options.setdefault("scope", Scope(domains=tuple(net.sites)))
+    options.setdefault("retry", FAST_RETRY)
+    options.setdefault("backoff", Backoff(after=100))
+    return CrawlSettings(out=out, fetch=fetch, **options)

@@ -1,0 +1,325 @@
+"""The fetcher against real local servers: redirects, robots, errors, compression,
+charsets, proxies, logins."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.fetcher import Fetcher, Login, Session
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.settings import Timeouts
+from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, hang, redirect, respond
+
+from .conftest import fetch_settings
+
+
+@pytest.fixture
+async def net() -> AsyncIterator[SyntheticWeb]:
+    sites = [
+        Site(name="a.test", pages=5, robots="User-agent: *\nDisallow: /private\n"),
+        Site(name="b.test", pages=5),
+    ]
+    async with SyntheticWeb(sites) as web_:
+        yield web_
+
+
+def paths(net: SyntheticWeb, host: str) -> list[str]:
+    return [hit.path for hit in net.hits_for(host)]
+
+
+async def test_redirects_are_followed_hop_by_hop_and_kept_in_the_history(
+    net: SyntheticWeb,
+) -> None:
+    site = net.sites["a.test"]
+    site.routes["/r1"] = redirect("/r2", 301)
+    site.routes["/r2"] = redirect(net.url("a.test", "/page/3"), 302)
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/r1"))
+    assert response.status == 200
+    assert response.url == net.url("a.test", "/page/3")
+    assert [(h.url, h.status) for h in response.history] == [
+        (net.url("a.test", "/r1"), 301),
+        (net.url("a.test", "/r2"), 302),
+    ]
+    assert paths(net, "a.test") == ["/robots.txt", "/r1", "/r2", "/page/3"]
+
+
+async def test_a_redirect_loop_stops_with_its_hops_and_no_extra_request(net: SyntheticWeb) -> None:
+    site = net.sites["a.test"]
+    site.routes["/loop/a"] = redirect("/loop/b")
+    site.routes["/loop/b"] = redirect("/loop/a")
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        with pytest.raises(FetchError) as caught:
+            await fetcher.fetch(net.url("a.test", "/loop/a"))
+    assert caught.value.reason is Reason.REDIRECT_LOOP
+    assert [r.status for r in caught.value.responses] == [302, 302]
+    assert paths(net, "a.test") == ["/robots.txt", "/loop/a", "/loop/b"]
+
+
+async def test_too_many_redirects(net: SyntheticWeb) -> None:
+    site = net.sites["a.test"]
+    for n in range(5):
+        site.routes[f"/hop/{n}"] = redirect(f"/hop/{n + 1}")
+    async with Fetcher(fetch_settings(net, max_redirects=2)) as fetcher:
+        with pytest.raises(FetchError) as caught:
+            await fetcher.fetch(net.url("a.test", "/hop/0"))
+    assert caught.value.reason is Reason.TOO_MANY_REDIRECTS
+    assert paths(net, "a.test") == ["/robots.txt", "/hop/0", "/hop/1", "/hop/2"]
+
+
+async def test_each_hop_is_checked_against_scope_and_robots_before_it_is_requested(
+    net: SyntheticWeb,
+) -> None:
+    site = net.sites["a.test"]
+    site.routes["/to-b"] = redirect(net.url("b.test", "/page/1"))
+    site.routes["/to-private"] = redirect("/private/1")
+    scope = Scope(domains=("a.test",))
+
+    async def check(url: str) -> None:
+        scope.check(url)
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        with pytest.raises(FetchError) as out_of_scope:
+            await fetcher.fetch(net.url("a.test", "/to-b"), check=check)
+        with pytest.raises(FetchError) as disallowed:
+            await fetcher.fetch(net.url("a.test", "/to-private"), check=check)
+        with pytest.raises(FetchError) as direct:
+            await fetcher.fetch(net.url("a.test", "/private/2"))
+    assert out_of_scope.value.reason is Reason.OUT_OF_SCOPE
+    assert [r.status for r in out_of_scope.value.responses] == [302]
+    assert disallowed.value.reason is Reason.ROBOTS_DISALLOWED
+    assert direct.value.reason is Reason.ROBOTS_DISALLOWED
+    assert net.hits_for("b.test") == []
+    assert paths(net, "a.test") == ["/robots.txt", "/to-b", "/to-private"]
+
+
+async def test_robots_txt_is_fetched_once_per_host_even_by_concurrent_requests(
+    net: SyntheticWeb,
+) -> None:
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        responses = await asyncio.gather(
+            *(fetcher.fetch(url) for url in net.page_urls("a.test") + net.page_urls("b.test"))
+        )
+    assert [r.status for r in responses] == [200] * 10
+    robots = [hit.host for hit in net.hits if hit.path == "/robots.txt"]
+    assert sorted(robots) == ["a.test", "b.test"]
+
+
+async def test_compressed_bodies_are_decoded_and_kept_raw(net: SyntheticWeb) -> None:
+    html = "<html><head><title>zipped</title></head><body>" + "x" * 5000 + "</body></html>"
+    packed = gzip.compress(html.encode())
+    net.sites["a.test"].routes["/gz"] = respond(200, packed, headers={"Content-Encoding": "gzip"})
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/gz"))
+    assert response.raw == packed
+    assert response.text() == html
+    assert "gzip" in net.hits_for("a.test")[-1].headers["Accept-Encoding"]
+
+
+async def test_charsets_from_the_header_the_meta_tag_or_detection(net: SyntheticWeb) -> None:
+    text = "Grüße aus Köln – déjà vu"
+    site = net.sites["a.test"]
+    site.routes["/latin1"] = respond(
+        200, text.encode("latin-1", "replace"), content_type="text/html; charset=iso-8859-1"
+    )
+    meta = f'<html><head><meta charset="cp1252"></head><body>{text}</body></html>'
+    site.routes["/meta"] = respond(200, meta.encode("cp1252"), content_type="text/html")
+    site.routes["/bare-utf8"] = respond(200, text.encode(), content_type="text/html")
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        latin1 = await fetcher.fetch(net.url("a.test", "/latin1"))
+        by_meta = await fetcher.fetch(net.url("a.test", "/meta"))
+        bare = await fetcher.fetch(net.url("a.test", "/bare-utf8"))
+    assert latin1.text() == text.encode("latin-1", "replace").decode("latin-1")
+    assert text in by_meta.text()
+    assert bare.text() == text
+
+
+async def test_user_agent_is_sent(net: SyntheticWeb) -> None:
+    async with Fetcher(fetch_settings(net, user_agent="testbot/2.0")) as fetcher:
+        await fetcher.fetch(net.url("a.test", "/page/0"))
+    assert {hit.headers["User-Agent"] for hit in net.hits} == {"testbot/2.0"}
+
+
+# -- errors as data ---------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.1.250", 0))
+        return int(sock.getsockname()[1])
+
+
+async def fetch_error(net: SyntheticWeb, url: str, **options: object) -> FetchError:
+    async with Fetcher(fetch_settings(net, **options)) as fetcher:
+        with pytest.raises(FetchError) as caught:
+            await fetcher.fetch(url)
+    return caught.value
+
+
+async def test_dns_failure(net: SyntheticWeb) -> None:
+    error = await fetch_error(net, "http://nowhere.test/page/0")
+    assert error.reason is Reason.DNS
+    assert error.transient
+
+
+async def test_connection_refused(net: SyntheticWeb) -> None:
+    port = closed_port()
+    error = await fetch_error(
+        net, f"http://gone.test:{port}/", resolve={**net.resolve, "gone.test": "127.0.1.250"}
+    )
+    assert error.reason is Reason.REFUSED
+
+
+async def test_tls_error(net: SyntheticWeb) -> None:
+    # The site speaks plain HTTP: the TLS handshake with it fails.
+    url = net.url("a.test", "/page/0").replace("http://", "https://")
+    error = await fetch_error(net, url)
+    assert error.reason is Reason.TLS
+    assert not error.transient
+
+
+async def test_timeout(net: SyntheticWeb) -> None:
+    release = asyncio.Event()
+    net.sites["a.test"].routes["/slow"] = hang(release)
+    try:
+        async with Fetcher(fetch_settings(net, timeouts=Timeouts(read=0.3, total=5))) as fetcher:
+            await fetcher.fetch(net.url("a.test", "/page/0"))  # robots.txt fetched in time
+            with pytest.raises(FetchError) as caught:
+                await fetcher.fetch(net.url("a.test", "/slow"))
+    finally:
+        release.set()
+    assert caught.value.reason is Reason.TIMEOUT
+
+
+async def test_too_large_by_header_by_stream_and_by_inflating(net: SyntheticWeb) -> None:
+    site = net.sites["a.test"]
+    site.routes["/big"] = respond(200, b"x" * 20_000)
+
+    async def streamed(request: web.Request) -> web.StreamResponse:
+        answer = web.StreamResponse()  # chunked: no Content-Length to refuse it early
+        await answer.prepare(request)
+        for _ in range(10):
+            await answer.write(b"y" * 5_000)
+        await answer.write_eof()
+        return answer
+
+    site.routes["/stream"] = streamed
+    bomb = gzip.compress(b"z" * 1_000_000)
+    site.routes["/bomb"] = respond(200, bomb, headers={"Content-Encoding": "gzip"})
+    for path in ("/big", "/stream", "/bomb"):
+        error = await fetch_error(net, net.url("a.test", path), max_bytes=10_000)
+        assert error.reason is Reason.TOO_LARGE, path
+
+
+async def test_bad_encoding(net: SyntheticWeb) -> None:
+    site = net.sites["a.test"]
+    site.routes["/bad"] = respond(200, b"<html>caf\xe9 \xff\xfe</html>")  # says utf-8
+    site.routes["/corrupt-gzip"] = respond(
+        200, b"not gzip at all", headers={"Content-Encoding": "gzip"}
+    )
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/bad"))
+        with pytest.raises(FetchError) as bad_text:
+            response.text()
+        with pytest.raises(FetchError) as corrupt:
+            await fetcher.fetch(net.url("a.test", "/corrupt-gzip"))
+    assert bad_text.value.reason is Reason.BAD_ENCODING
+    assert corrupt.value.reason is Reason.BAD_ENCODING
+
+
+# -- proxies ----------------------------------------------------------------------------
+
+
+async def test_every_request_goes_through_the_fixed_proxy(net: SyntheticWeb) -> None:
+    async with ForwardProxy(net.resolve) as proxy:
+        async with Fetcher(fetch_settings(net, proxies=(proxy.url,))) as fetcher:
+            urls = net.page_urls("a.test")[:3] + net.page_urls("b.test")[:2]
+            responses = [await fetcher.fetch(url) for url in urls]
+    assert [r.status for r in responses] == [200] * 5
+    seen_by_servers = sorted(net.url(h.host, h.path) for h in net.hits)
+    assert sorted(proxy.requests) == seen_by_servers
+    assert len(seen_by_servers) == 7  # 5 pages and 2 robots.txt
+
+
+async def test_a_rotating_set_of_proxies_shares_the_requests(net: SyntheticWeb) -> None:
+    async with ForwardProxy(net.resolve) as one, ForwardProxy(net.resolve) as two:
+        settings = fetch_settings(net, proxies=(one.url, two.url))
+        async with Fetcher(settings) as fetcher:
+            for url in net.page_urls("a.test"):
+                await fetcher.fetch(url)
+    assert len(one.requests) == len(two.requests) == 3  # robots.txt and 5 pages, alternating
+    assert sorted(one.requests + two.requests) == sorted(net.url(h.host, h.path) for h in net.hits)
+
+
+# -- login ------------------------------------------------------------------------------
+
+
+def members_site(net: SyntheticWeb, uses_per_login: int) -> list[str]:
+    """b.test/members/N needs a session cookie from POST /login; a session lasts
+    `uses_per_login` pages, then the site redirects to the login page."""
+    sessions: dict[str, int] = {}
+    logins: list[str] = []
+    site = net.sites["b.test"]
+
+    async def login(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        if form.get("user") != "ann" or form.get("password") != "secret":
+            return web.Response(status=403, text="wrong password")
+        token = f"token-{len(logins)}"
+        logins.append(token)
+        sessions[token] = uses_per_login
+        answer = web.Response(status=302, headers={"Location": "/members/home"})
+        answer.set_cookie("session", token)
+        return answer
+
+    async def members(request: web.Request) -> web.StreamResponse:
+        token = request.cookies.get("session", "")
+        if sessions.get(token, 0) <= 0:
+            raise web.HTTPFound("/login")
+        sessions[token] -= 1
+        return web.Response(text=f"<title>secret {request.path}</title>", content_type="text/html")
+
+    site.routes["/login"] = login
+    for n in range(6):
+        site.routes[f"/members/{n}"] = members
+    site.routes["/members/home"] = respond(200, "<title>home</title>")
+    return logins
+
+
+async def test_login_once_reuse_the_cookie_and_log_in_again_when_it_expires(
+    net: SyntheticWeb,
+) -> None:
+    logins = members_site(net, uses_per_login=4)
+    performed: list[int] = []
+
+    async def sign_in(session: Session) -> None:
+        performed.append(1)
+        response = await session.post(
+            net.url("b.test", "/login"), data={"user": "ann", "password": "secret"}
+        )
+        assert response.status == 200
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        fetcher.add_login("b.test", Login(perform=sign_in))
+        first = await asyncio.gather(
+            *(fetcher.fetch(net.url("b.test", f"/members/{n}")) for n in range(3))
+        )
+        later = [await fetcher.fetch(net.url("b.test", f"/members/{n}")) for n in (3, 4, 5)]
+        other = await fetcher.fetch(net.url("a.test", "/page/0"))
+    assert [r.text() for r in first + later] == [
+        f"<title>secret /members/{n}</title>" for n in range(6)
+    ]
+    assert logins == ["token-0", "token-1"]  # once for 3 concurrent pages, once on expiry
+    assert len(performed) == 2
+    member_hits = [h for h in net.hits_for("b.test") if h.path.startswith("/members/")]
+    assert {h.cookies.get("session") for h in member_hits} <= {"token-0", "token-1"}
+    assert other.status == 200
+    assert all("session" not in h.cookies for h in net.hits_for("a.test"))
