@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
@@ -42,7 +41,10 @@ def schedule_mode(only_if_earlier: bool, only_if_new: bool) -> Mode:
 class App:
     """Holds tasks and limits; connects lazily, once per event loop that uses it."""
 
-    def __init__(self, backend: str | None = None, *, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, backend: str | None = None, *, clock: Callable[[], float] | None = None
+    ) -> None:
+        """`clock` drives the backend's time (tests); by default each backend keeps its own."""
         self.url = backend or DEFAULT_URL
         self.clock = clock
         self.tasks: dict[str, Task[Any]] = {}

@@ -16,13 +16,16 @@ __all__ = ["DEFAULT_URL", "Backend", "open_backend"]
 
 
 def open_backend(
-    url: str | None = None, *, clock: Callable[[], float] = time.time, create: bool = True
+    url: str | None = None, *, clock: Callable[[], float] | None = None, create: bool = True
 ) -> Backend:
-    """A backend for `url`, not yet opened; `create=False` refuses to make a new database."""
+    """A backend for `url`, not yet opened; `create=False` refuses to make a new database.
+
+    `clock` replaces the backend's own time (tests drive it by hand). Without one, SQLite uses
+    this machine's clock and Redis the server's, so every machine sees one time."""
     url = url or DEFAULT_URL
     scheme = url.partition(":")[0]
     if scheme == "sqlite":
-        return SQLiteBackend(url, clock=clock, create=create)
+        return SQLiteBackend(url, clock=clock or time.time, create=create)
     if scheme in ("redis", "rediss"):
         return RedisBackend(url, clock=clock, create=create)
     if scheme in ("postgresql", "postgres"):

@@ -93,11 +93,14 @@ def _digest(key: str) -> tuple[str, str]:
 
 class RedisBackend:
     def __init__(
-        self, url: str, *, clock: Callable[[], float] = time.time, create: bool = True
+        self, url: str, *, clock: Callable[[], float] | None = None, create: bool = True
     ) -> None:
         self._url, namespace = split_namespace(url)
         self.url = redact(url)
-        self.now = clock
+        # Scripts use the server's clock unless one is given; `now()` is then this machine's
+        # reading of about the same time, for what is computed here (due times, retries).
+        self.now = clock or time.time
+        self._clock = clock
         self.namespace = namespace
         self.prefix = "{" + namespace + "}:"
         self._anchor = self.prefix + "queues"
@@ -168,10 +171,13 @@ class RedisBackend:
             raise BackendError(f"backend {self.url} is not open")
         return self._client
 
+    def _clock_arg(self) -> str:
+        return repr(self._clock()) if self._clock is not None else ""
+
     async def _run(self, script: str, payload: Any, *extra: str) -> Any:
         try:
             return await self._scripts[script](
-                keys=[self._anchor], args=[self.prefix, repr(self.now()), _packed(payload), *extra]
+                keys=[self._anchor], args=[self.prefix, self._clock_arg(), _packed(payload), *extra]
             )
         except KeyError:
             raise BackendError(f"backend {self.url} is not open") from None
@@ -246,9 +252,8 @@ class RedisBackend:
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: float
     ) -> ClaimResult:
-        now = self.now()
         raw = await self._run("claim", [worker, limit, lease, *queues])
-        next_at, *rows = _unpacked(raw)
+        next_at, now, *rows = _unpacked(raw)
         elements = [
             Claimed(
                 ref=ref,
@@ -304,7 +309,7 @@ class RedisBackend:
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
     ) -> None:
         items = [[e.queue, e.key, e.ref, e.attempt] for e in elements]
-        await self._run("heartbeat", [worker.id, self.now() + lease, *items])
+        await self._run("heartbeat", [worker.id, lease, *items])
 
     # -- workers ------------------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ two claims never interleave.
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -19,6 +21,13 @@ from ...errors import BackendCorrupt, BackendError, BackendUnavailable
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
+#: Pages of write-ahead log after which the log is started again from its beginning.
+WAL_RESTART_PAGES = int(os.environ.get("CRAWLQ_WAL_PAGES", "4000"))
+#: Should the checkpointer fall behind, the writer checkpoints by itself at this size.
+WAL_AUTOCHECKPOINT_PAGES = 4 * WAL_RESTART_PAGES
+#: Least seconds between two background checkpoints, so that a busy writer's stream of commits
+#: is copied and synced in batches rather than once per commit.
+CHECKPOINT_GAP = float(os.environ.get("CRAWLQ_CKPT_GAP", "0.05"))
 
 
 def _load_queries() -> dict[str, str]:
@@ -77,8 +86,10 @@ class Store:
             # the operating system's file cache holds the rest of a large database.
             self.db.execute("PRAGMA cache_size = -16384")
             self.db.execute("PRAGMA temp_store = MEMORY")
+            self.db.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
             self._migrate()
             self.db.executescript(QUERIES["create_temp_tables"])
+            self._checkpointer = Checkpointer(path)
         except sqlite3.Error as exc:
             raise translate(exc, path) from exc
 
@@ -137,6 +148,12 @@ class Store:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+        if self._checkpointer.wanted():
+            # The log is long and the checkpointer has copied nearly all of it: copy the rest
+            # here, where no commit can slip in between, so that the next commit restarts it.
+            busy, _, _ = self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if not busy:
+                self._checkpointer.restarted()
 
     def run(self, name: str, params: Any = ()) -> sqlite3.Cursor:
         return self.db.execute(QUERIES[name], params)
@@ -149,7 +166,65 @@ class Store:
         return None if row is None else row[0]
 
     def close(self) -> None:
+        self._checkpointer.close()
         self.db.close()
+
+
+class Checkpointer:
+    """Copies committed pages from the write-ahead log into the database file, on a thread and
+    connection of its own.
+
+    A checkpoint writes pages scattered across the file and then syncs it; in a large queue
+    that costs tens of milliseconds. Left to SQLite's automatic checkpoint, the commit that
+    crosses the threshold pays for it, so one claim in a few hundred stalls. Here the copying
+    and syncing run beside the writer (a PASSIVE checkpoint never blocks it), woken after
+    commits. The writer's own automatic checkpoint stays, at a higher threshold, as the bound
+    on the log; by then little is left for it to copy, and it restarts the log from the top.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db.execute("PRAGMA cache_size = 16")  # a checkpoint reads no b-tree pages
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._restart_due = False
+        self._thread = threading.Thread(
+            target=self._run, name="crawlq-sqlite-checkpoint", daemon=True
+        )
+        self._thread.start()
+
+    def wanted(self) -> bool:
+        """After a commit: wakes the checkpointer; True when the writer should restart the log."""
+        if self._restart_due:
+            return True  # the checkpointer stays out of the writer's way meanwhile
+        self._wake.set()
+        return False
+
+    def restarted(self) -> None:
+        self._restart_due = False
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._closing.is_set():
+                return
+            self._wake.clear()
+            try:
+                busy, log, done = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error:
+                busy, log, done = 1, 0, 0  # the writer's automatic checkpoint bounds the log
+            if log >= WAL_RESTART_PAGES and not busy and log == done:
+                self._restart_due = True
+            else:
+                self._closing.wait(CHECKPOINT_GAP)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        self._thread.join()
+        self._db.close()
 
 
 def _statements(script: str) -> Iterator[str]:

@@ -1,6 +1,7 @@
 -- claim: leases up to `limit` claimable elements of the given queues (SPEC 3.3, 3.4).
 -- ARGV[3]: msgpack {worker, limit, lease, queues...}
--- Returns msgpack {next_at or false, {queue, key, payload, group, priority, due, attempt, id}...}
+-- Returns msgpack {next_at or false, now, {queue, key, payload, group, priority, due, attempt,
+-- id}...}
 local args = cmsgpack.unpack(ARGV[3])
 local worker, limit, lease = args[1], args[2], args[3]
 local queues = {}
@@ -47,9 +48,9 @@ for _, queue in ipairs(queues) do
 end
 
 -- 4. take the best active head, again and again
-local result = {false}
+local result = {false, NOW}
 local lease_until = NOW + lease
-while #result - 1 < limit do
+while #result - 2 < limit do
     local best_queue, best_score, best_member = nil, nil, nil
     for _, queue in ipairs(queues) do
         local head = redis.call('ZRANGE', qkey(queue, 'fa'), 0, 0, 'WITHSCORES')
@@ -85,7 +86,7 @@ while #result - 1 < limit do
 end
 
 -- 5. nothing more to take: say when something may be
-if #result - 1 < limit then
+if #result - 2 < limit then
     local next_at = NEVER
     local function earliest(zkey)
         local first = redis.call('ZRANGE', zkey, 0, 0, 'WITHSCORES')

@@ -3,7 +3,7 @@
 -- Calling convention of every script:
 --   KEYS[1]  {ns}:queues   the namespace's anchor key (all keys share the hash tag {ns})
 --   ARGV[1]  "{ns}:"       the key prefix
---   ARGV[2]  now           the caller's clock, seconds since the epoch
+--   ARGV[2]  now           the caller's clock in seconds since the epoch, or "" for the server's
 --   ARGV[3]  msgpack       the operation's arguments
 -- Floats are stored with %.17g: Lua's tostring keeps 14 digits and would move times.
 --
@@ -36,7 +36,12 @@
 --                              stays a compact intset (8 bytes an entry)
 
 local P = ARGV[1]
+-- Without a clock from the caller, the server's: one time for every machine.
 local NOW = tonumber(ARGV[2])
+if NOW == nil then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
 local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL).

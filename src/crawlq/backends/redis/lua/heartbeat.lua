@@ -1,7 +1,7 @@
 -- heartbeat: extends the leases a worker still holds and records that it is alive.
--- ARGV[3]: msgpack {worker id, lease until, items...}; an item is {queue, key, id, attempt}
+-- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is {queue, key, id, attempt}
 local args = cmsgpack.unpack(ARGV[3])
-local worker, lease_until = args[1], args[2]
+local worker, lease_until = args[1], NOW + args[2]
 for i = 3, #args do
     local queue, key, id, attempt = unpack(args[i], 1, 4)
     local rec = load(queue, key)
