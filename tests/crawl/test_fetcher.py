@@ -124,10 +124,10 @@ async def test_compressed_bodies_are_decoded_and_kept_raw(net: SyntheticWeb) -> 
 
 
 async def test_charsets_from_the_header_the_meta_tag_or_detection(net: SyntheticWeb) -> None:
-    text = "Grüße aus Köln – déjà vu"
+    text = "Grüße aus Köln, déjà vu"
     site = net.sites["a.test"]
     site.routes["/latin1"] = respond(
-        200, text.encode("latin-1", "replace"), content_type="text/html; charset=iso-8859-1"
+        200, text.encode("latin-1"), content_type="text/html; charset=iso-8859-1"
     )
     meta = f'<html><head><meta charset="cp1252"></head><body>{text}</body></html>'
     site.routes["/meta"] = respond(200, meta.encode("cp1252"), content_type="text/html")
@@ -136,7 +136,7 @@ async def test_charsets_from_the_header_the_meta_tag_or_detection(net: Synthetic
         latin1 = await fetcher.fetch(net.url("a.test", "/latin1"))
         by_meta = await fetcher.fetch(net.url("a.test", "/meta"))
         bare = await fetcher.fetch(net.url("a.test", "/bare-utf8"))
-    assert latin1.text() == text.encode("latin-1", "replace").decode("latin-1")
+    assert latin1.text() == text
     assert text in by_meta.text()
     assert bare.text() == text
 
@@ -239,10 +239,12 @@ async def test_bad_encoding(net: SyntheticWeb) -> None:
 
 
 async def test_every_request_goes_through_the_fixed_proxy(net: SyntheticWeb) -> None:
-    async with ForwardProxy(net.resolve) as proxy:
-        async with Fetcher(fetch_settings(net, proxies=(proxy.url,))) as fetcher:
-            urls = net.page_urls("a.test")[:3] + net.page_urls("b.test")[:2]
-            responses = [await fetcher.fetch(url) for url in urls]
+    async with (
+        ForwardProxy(net.resolve) as proxy,
+        Fetcher(fetch_settings(net, proxies=(proxy.url,))) as fetcher,
+    ):
+        urls = net.page_urls("a.test")[:3] + net.page_urls("b.test")[:2]
+        responses = [await fetcher.fetch(url) for url in urls]
     assert [r.status for r in responses] == [200] * 5
     seen_by_servers = sorted(net.url(h.host, h.path) for h in net.hits)
     assert sorted(proxy.requests) == seen_by_servers

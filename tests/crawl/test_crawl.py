@@ -1,0 +1,250 @@
+"""Whole crawls in one process against the synthetic web: coverage, WARC storage, robots,
+Crawl-delay, Retry-After, backoff, scope, budget, and errors as data."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from crawlq import Context, Retry
+from crawlq.app import App
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
+from crawlq.crawl.errors import FetchError, Reason, Throttled
+from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.politeness import Backoff
+from crawlq.crawl.records import read_records
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.settings import Timeouts
+from crawlq.crawl.store import WarcStore
+from crawlq.crawl.testing import Site, SyntheticWeb, hang, redirect, respond
+from crawlq.worker import Worker
+
+from .conftest import FAST_RETRY, crawl_settings, fetch_settings
+
+
+def records_by_url(out: Path) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in read_records(out / PAGES_FILE):
+        grouped[str(record["url"])].append(record)
+    return dict(grouped)
+
+
+async def test_every_page_fetched_once_and_every_response_readable_from_the_warc_index(
+    tmp_path: Path,
+) -> None:
+    async with SyntheticWeb([Site(name="a.test", pages=25), Site(name="b.test", pages=6)]) as net:
+        net.sites["a.test"].cross_links = [net.url("b.test")]
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        stats = await crawl.run([net.url("a.test")], concurrency=20)
+    expected = sorted(net.page_urls("a.test") + net.page_urls("b.test"))
+    records = records_by_url(tmp_path)
+    assert sorted(records) == expected
+    assert all(len(r) == 1 and r[0]["status"] == 200 for r in records.values())
+    assert records[net.url("a.test", "/page/4")][0]["title"] == "a.test page 4"
+    assert stats.done == len(expected)
+    page_hits = [net.url(h.host, h.path) for h in net.hits if h.path != "/robots.txt"]
+    assert sorted(page_hits) == expected  # each page requested exactly once
+    assert sorted(h.host for h in net.hits if h.path == "/robots.txt") == ["a.test", "b.test"]
+    store = WarcStore(tmp_path / WARC_DIR)
+    stored = await store.get(net.url("a.test", "/page/7"))
+    await store.aclose()
+    assert stored is not None and stored.status == 200
+    assert b"<title>a.test page 7</title>" in stored.raw
+    assert len(store.refs(net.url("b.test", "/page/5"))) == 1
+
+
+async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_spaces_requests(
+    tmp_path: Path,
+) -> None:
+    robots = "User-agent: *\nDisallow: /page/3\nCrawl-delay: 1\n"
+    async with SyntheticWeb([Site(name="a.test", pages=5, robots=robots)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, concurrency_per_domain=3))
+        await crawl.run([net.url("a.test")])
+        backend = await crawl.app.backend()
+        limits = {rule.pattern: rule.limit for rule in await backend.limits()}
+        await crawl.app.aclose()
+    records = records_by_url(tmp_path)
+    assert records[net.url("a.test", "/page/3")][0]["error"] == Reason.ROBOTS_DISALLOWED
+    assert "/page/3" not in [h.path for h in net.hits]
+    assert limits["a.test"].interval == 1.0
+    pages = net.hits_for("a.test", pages_only=True)
+    assert [h.path for h in pages][:1] == ["/page/0"]
+    assert len(pages) == 4  # 0, 1, 2 and 4
+    # The queue spaces the claims 1 s apart; each request follows its claim within ms.
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(pages)]
+    assert min(gaps) > 0.5, gaps
+    assert net.peak_concurrency("a.test") == 1
+
+
+async def test_retry_after_blocks_the_host_and_no_request_arrives_before_that_time(
+    tmp_path: Path,
+) -> None:
+    answered: list[int] = []
+
+    async def throttle_once(request: web.Request) -> web.StreamResponse:
+        answered.append(1)
+        if len(answered) == 1:
+            return web.Response(status=429, text="slow down", headers={"Retry-After": "2"})
+        return web.Response(text="<title>finally</title>", content_type="text/html")
+
+    site = Site(name="a.test", pages=4, routes={"/page/1": throttle_once})
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, concurrency_per_domain=1))
+        await crawl.run([net.url("a.test")])
+        backend = await crawl.app.backend()
+        (group,) = await backend.group_stats("a.test", include_idle=True)
+        await crawl.app.aclose()
+    hits = net.hits_for("a.test")
+    (throttled,) = [i for i, h in enumerate(hits) if h.path == "/page/1"][:1]
+    assert throttled + 1 < len(hits)
+    assert hits[throttled].ended is not None
+    for later in hits[throttled + 1 :]:
+        assert later.at >= hits[throttled].ended + 2.0
+    records = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [(r["status"], r["error"]) for r in records] == [(429, "throttled"), (200, None)]
+    assert records[0]["retry"] is True
+    assert group.block_reason is not None and "429" in group.block_reason
+    assert len(records_by_url(tmp_path)) == 4
+
+
+async def test_repeated_server_errors_back_the_host_off_then_the_page_is_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    site = Site(name="a.test", pages=2, routes={"/page/1": respond(500, "broken")})
+    async with SyntheticWeb([site]) as net:
+        settings = crawl_settings(
+            net, tmp_path, backoff=Backoff(after=2, base=1.0, factor=2.0, cap=10.0)
+        )
+        crawl = Crawl(settings)
+        stats = await crawl.run([net.url("a.test")])
+        backend = await crawl.app.backend()
+        (dead,) = await backend.dead_letters("crawl")
+        (group,) = await backend.group_stats("a.test", include_idle=True)
+        await crawl.app.aclose()
+    broken = [h for h in net.hits_for("a.test") if h.path == "/page/1"]
+    assert len(broken) == FAST_RETRY.max_attempts == 3
+    assert broken[1].ended is not None and broken[2].at >= broken[1].ended + 1.0  # backed off
+    assert (stats.dead, dead.attempts) == (1, 3)
+    assert "server_error" in dead.error
+    records = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [(r["status"], r["error"], r["retry"]) for r in records] == [
+        (500, "server_error", True),
+        (500, "server_error", True),
+        (500, "server_error", False),
+    ]
+    assert group.block_reason is not None and "backing off 2s" in group.block_reason
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.1.250", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_errors_are_recorded_with_their_reason_and_retried_or_finished_per_policy(
+    tmp_path: Path,
+) -> None:
+    release = asyncio.Event()
+    site = Site(
+        name="a.test",
+        pages=1,
+        routes={
+            "/slow": hang(release),
+            "/big": respond(200, "x" * 50_000),
+            "/bad": respond(200, b"<html><title>caf\xe9</title>\xff</html>"),
+            "/loop": redirect("/loop2"),
+            "/loop2": redirect("/loop"),
+        },
+    )
+    async with SyntheticWeb([site]) as net:
+        try:
+            port = closed_port()
+            fetch = fetch_settings(
+                net,
+                resolve={**net.resolve, "refused.test": "127.0.1.250"},
+                timeouts=Timeouts(connect=2, read=0.3, total=5),
+                max_bytes=20_000,
+            )
+            cases = {
+                "http://nowhere.test/": Reason.DNS,
+                f"http://refused.test:{port}/": Reason.REFUSED,
+                net.url("a.test", "/page/0").replace("http:", "https:"): Reason.TLS,
+                net.url("a.test", "/slow"): Reason.TIMEOUT,
+                net.url("a.test", "/big"): Reason.TOO_LARGE,
+                net.url("a.test", "/bad"): Reason.BAD_ENCODING,
+                net.url("a.test", "/loop"): Reason.REDIRECT_LOOP,
+            }
+            crawl = Crawl(crawl_settings(net, tmp_path, fetch=fetch, scope=Scope()))
+            stats = await crawl.run([*cases, net.url("a.test", "/page/0")])
+            backend = await crawl.app.backend()
+            dead = {letter.key: letter for letter in await backend.dead_letters("crawl")}
+            await crawl.app.aclose()
+        finally:
+            release.set()  # lets the hung request end, so the server can stop
+    records = records_by_url(tmp_path)
+    assert records[net.url("a.test", "/page/0")][0]["status"] == 200  # the worker survived
+    for url, reason in cases.items():
+        tries = records[url]
+        assert {r["error"] for r in tries} == {reason.value}, url
+        assert all(r["detail"] for r in tries)
+        if reason in (Reason.DNS, Reason.REFUSED, Reason.TIMEOUT):
+            assert len(tries) == 3 and [r["retry"] for r in tries] == [True, True, False]
+            assert reason.value in dead[url].error
+        else:
+            assert len(tries) == 1 and tries[0]["retry"] is False, url
+            assert url not in dead
+    assert records[net.url("a.test", "/bad")][0]["status"] == 200
+    assert stats.dead == 3
+
+
+async def test_depth_limit_and_page_budget(tmp_path: Path) -> None:
+    async with SyntheticWeb([Site(name="a.test", pages=30)]) as net:
+        shallow = Crawl(crawl_settings(net, tmp_path / "shallow", scope=Scope(max_depth=1)))
+        await shallow.run([net.url("a.test")])
+        budget = Crawl(crawl_settings(net, tmp_path / "budget", max_pages=5))
+        await budget.run([net.url("a.test")])
+    assert sorted(records_by_url(tmp_path / "shallow")) == sorted(
+        net.url("a.test", f"/page/{n}") for n in (0, 1, 2)
+    )
+    assert len(records_by_url(tmp_path / "budget")) == 5
+
+
+async def test_a_user_task_fetches_politely_through_its_context(tmp_path: Path) -> None:
+    robots = "User-agent: *\nDisallow: /private\n"
+    outcomes: dict[str, str] = {}
+
+    async def throttled(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=503, headers={"Retry-After": "3600"})
+
+    site = Site(name="a.test", robots=robots, routes={"/busy": throttled})
+    async with SyntheticWeb([site]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            try:
+                response = await ctx.fetch(url)
+                outcomes[url] = str(response.status)
+            except Throttled as exc:
+                outcomes[url] = f"throttled until {exc.until - ctx.claimed_at:.0f}s"
+            except FetchError as exc:
+                outcomes[url] = exc.reason.value
+
+        await app.aschedule_many(visit, [net.url("a.test", p) for p in ("/page/0", "/private")])
+        await Worker(app, burst=True).run()
+        await app.aschedule(visit, net.url("a.test", "/busy"))
+        await Worker(app, burst=True, burst_horizon=1).run()
+        backend = await app.backend()
+        (group,) = await backend.group_stats("a.test", include_idle=True)
+        await app.aclose()
+    assert outcomes[net.url("a.test", "/page/0")] == "200"
+    assert outcomes[net.url("a.test", "/private")] == "robots_disallowed"
+    assert outcomes[net.url("a.test", "/busy")].startswith("throttled until 36")
+    assert group.blocked_until is not None and group.block_reason == "503 Retry-After 3600"
