@@ -103,9 +103,10 @@ async def test_retry_after_blocks_the_host_and_no_request_arrives_before_that_ti
     hits = net.hits_for("a.test")
     (throttled,) = [i for i, h in enumerate(hits) if h.path == "/page/1"][:1]
     assert throttled + 1 < len(hits)
-    assert hits[throttled].ended is not None
+    answered_at = hits[throttled].ended
+    assert answered_at is not None
     for later in hits[throttled + 1 :]:
-        assert later.at >= hits[throttled].ended + 2.0
+        assert later.at >= answered_at + 2.0
     records = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
     assert [(r["status"], r["error"]) for r in records] == [(429, "throttled"), (200, None)]
     assert records[0]["retry"] is True
