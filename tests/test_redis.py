@@ -5,21 +5,22 @@ exactly as fnmatch matches them in Python."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
 import redis
 
-from crawlq.backends import open_backend
+from crawlq.backends import Backend, open_backend
 from crawlq.backends.redis.backend import redact
 from crawlq.backends.redis.globs import lua_pattern
 from crawlq.errors import BackendUnavailable, ConfigError
 from crawlq.testing.redis_server import RedisServer
-from crawlq.types import Limit, LimitRule
+from crawlq.types import Failure, Limit, LimitRule
 
-from .helpers import claim, config, schedule, url
+from .conftest import QUEUES
+from .helpers import ManualClock, claim, config, schedule, url
 
 
 @pytest.fixture
@@ -163,3 +164,48 @@ def test_lua_patterns_of_plain_globs() -> None:
     assert lua_pattern("h?.test") == "^h.%.test$"
     assert lua_pattern("[!a-c]x") == "^[^a-c]x$"
     assert lua_pattern("[") == "^%[$"
+
+
+@pytest.fixture
+async def colliding(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, clock: ManualClock
+) -> AsyncIterator[Backend]:
+    """A Redis backend where every key has the same 64-bit digest: each element after the
+    first of a queue takes the collision path (field = digest + key)."""
+    import crawlq.backends.redis.backend as redis_backend
+
+    monkeypatch.setattr(redis_backend, "key_hash", lambda key: 42)
+    backend = open_backend(f"{redis_server.url}?namespace=collide-{id(clock)}", clock=clock)
+    await backend.open()
+    await backend.ensure_queues(QUEUES)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def test_colliding_digests_keep_elements_apart(
+    colliding: Backend, clock: ManualClock
+) -> None:
+    result = await schedule(colliding, "jobs", ["a", "b", "c"])
+    assert result.added == 3
+    assert (await schedule(colliding, "jobs", ["b"], priority=5)).moved == 1
+    first, *rest = await claim(colliding, "jobs")
+    assert first.payload == '"b"'
+    assert sorted(c.payload for c in rest) == ['"a"', '"c"']
+    await colliding.ack([first])
+    assert (await schedule(colliding, "jobs", ["b"])).added == 1  # "a" and "c" still hold theirs
+    await colliding.fail([Failure(element=rest[0], error="boom")])
+    assert [d.payload for d in await colliding.dead_letters("jobs")] == [rest[0].payload]
+    assert await colliding.requeue_dead("jobs") == 1
+    assert sorted(c.payload for c in await claim(colliding, "jobs")) == sorted(
+        ['"b"', rest[0].payload]
+    )
+
+
+async def test_colliding_digests_pass_the_random_model(
+    colliding: Backend, clock: ManualClock
+) -> None:
+    from .test_conformance import test_frontier_matches_a_simple_model_under_random_operations
+
+    await test_frontier_matches_a_simple_model_under_random_operations(colliding, clock)

@@ -86,9 +86,11 @@ def _unpacked(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
-def _digest(key: str) -> tuple[str, str]:
+def _digests(key: str) -> tuple[str, str, str]:
+    """The key's 64-bit digest: hex (its field in the element hash, as 8 bytes), and the
+    signed decimal and bucket the "seen" sets store."""
     digest = key_hash(key)
-    return str(digest), str(digest % SEEN_BUCKETS)
+    return digest.to_bytes(8, "big", signed=True).hex(), str(digest), str(digest % SEEN_BUCKETS)
 
 
 class RedisBackend:
@@ -226,7 +228,6 @@ class RedisBackend:
             return ScheduleResult()
         batch = []
         for item in merge(items).values():
-            digest, bucket = _digest(item.key)
             batch.append(
                 [
                     item.queue,
@@ -236,8 +237,7 @@ class RedisBackend:
                     item.due,
                     item.priority,
                     item.mode.value,
-                    digest,
-                    bucket,
+                    *_digests(item.key),
                     item.revisit,
                 ]
             )
@@ -275,7 +275,6 @@ class RedisBackend:
         items = []
         for failure in failures:
             element = failure.element
-            digest, bucket = _digest(element.key)
             retry_at = failure.retry_at if failure.retry_at is not None else False
             items.append(
                 [
@@ -283,8 +282,7 @@ class RedisBackend:
                     element.key,
                     element.ref,
                     element.attempt,
-                    digest,
-                    bucket,
+                    *_digests(element.key),
                     element.due,
                     retry_at,
                     failure.error,
@@ -308,7 +306,7 @@ class RedisBackend:
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
     ) -> None:
-        items = [[e.queue, e.key, e.ref, e.attempt] for e in elements]
+        items = [[e.queue, e.key, e.ref, e.attempt, _digests(e.key)[0]] for e in elements]
         await self._run("heartbeat", [worker.id, lease, *items])
 
     # -- workers ------------------------------------------------------------------------------
@@ -445,7 +443,7 @@ class RedisBackend:
         for key, raw in zip(keys, letters, strict=True):
             if raw is None:
                 continue
-            payload, group, attempts, error, tb, died = _unpacked(raw)
+            payload, group, attempts, error, tb, died, _ = _unpacked(raw)
             found.append(
                 DeadLetter(
                     queue=queue,

@@ -13,12 +13,12 @@ end
 local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', '(' .. fmt(NOW), 'LIMIT', 0, 200)
 local touched, gates = {}, {}
 for _, member in ipairs(expired) do
-    local queue, key = split_lease_member(member)
-    local rec = load(queue, key)
+    local queue, field = split_lease_member(member)
+    local rec = load(queue, field)
     if rec == nil or rec[STATE] ~= RUNNING then
         redis.call('ZREM', P .. 'leases', member)
     else
-        requeue(queue, key, rec, false, 0, 'lease expired', touched)
+        requeue(queue, field, rec, false, 0, 'lease expired', touched)
         gates[rec[GROUP]] = true
     end
 end
@@ -29,14 +29,14 @@ for _, queue in ipairs(queues) do
     local due = redis.call('ZRANGEBYSCORE', qkey(queue, 'd'), '-inf', fmt(NOW), 'LIMIT', 0, 5000)
     if #due > 0 then
         local promoted = {}
-        for _, key in ipairs(due) do
-            local rec = load(queue, key)
-            redis.call('ZREM', qkey(queue, 'd'), key)
+        for _, field in ipairs(due) do
+            local rec = load(queue, field)
+            redis.call('ZREM', qkey(queue, 'd'), field)
             count(queue, DELAYED, -1)
             rec[STATE] = READY
-            redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. key)
+            redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. field)
             count(queue, READY, 1)
-            save(queue, key, rec)
+            save(queue, field, rec)
             promoted[rec[GROUP]] = true
         end
         for group, _ in pairs(promoted) do refresh_pair(queue, group) end
@@ -57,23 +57,25 @@ while #result - 2 < limit do
         if head[1] then
             local score = tonumber(head[2])
             if best_queue == nil or score < best_score or (score == best_score
-                    and (head[1] < best_member or (head[1] == best_member and queue < best_queue))) then
+                    and (before(head[1], best_member)
+                         or (head[1] == best_member and before(queue, best_queue)))) then
                 best_queue, best_score, best_member = queue, score, head[1]
             end
         end
     end
     if best_queue == nil then break end
-    local queue, group = best_queue, string.sub(best_member, 33)
+    local queue, group = best_queue, string.sub(best_member, RANK_SIZE + 1)
     local member = redis.call('ZPOPMIN', qkey(queue, 'r:' .. group))[1]
-    local key = string.sub(member, 33)
-    local rec = load(queue, key)
+    local field = string.sub(member, RANK_SIZE + 1)
+    local rec = load(queue, field)
+    local key = rec[KEY]
     count(queue, READY, -1)
     count(queue, RUNNING, 1)
     group_count(group, 'q', -1)
     group_count(group, 'r', 1)
     rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
-    save(queue, key, rec)
-    redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, key))
+    save(queue, field, rec)
+    redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, field))
     redis.call('HINCRBY', P .. 'wrun', worker, 1)
     if group ~= '' then
         redis.call('HSET', gkey(group), 'ls', fmt(NOW))

@@ -15,22 +15,26 @@
 --   P groups            set    every group name but "" (elements without a group)
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
 --                              r running, ls last start, bu blocked until, br block reason
---   P leases            zset   "<#q>:<q><key>" by lease expiry, every queue
+--   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P wrun              hash   worker id -> elements it holds
 --   P wake              pubsub channel: something became claimable
---   P q:<#q>:<q>:e      hash   key -> msgpack element record (see REC below)
+--   P q:<#q>:<q>:e      hash   field -> msgpack element record (see REC below). An element's
+--                              field is the 8-byte digest of its key; the rare key whose digest
+--                              another key holds gets digest .. key, and the digest joins ec
+--   P q:<#q>:<q>:ec     set    digests shared by more than one key (see e)
 --   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
---   P q:<#q>:<q>:d      zset   delayed keys by due time
+--   P q:<#q>:<q>:d      zset   delayed fields by due time
 --   P q:<#q>:<q>:r:<g>  zset   the (queue, group) sub-queue of ready elements: score -priority,
---                              member RANK .. key (RANK = due as %020.6f, then id as %012x), so
---                              equal priorities order by due time, then insertion
+--                              member RANK .. field (RANK: due, then id, as big-endian doubles,
+--                              which sort bytewise), so equal priorities order by due time,
+--                              then insertion
 --   P q:<#q>:<q>:fa     zset   frontier, active rows: score -priority of the head, member
 --                              head RANK .. group
 --   P q:<#q>:<q>:fw     zset   frontier, waiting rows: group by gate (when the group admits a start)
 --   P q:<#q>:<q>:fr     hash   group -> its active member in fa, or "" while waiting in fw
 --   P q:<#q>:<q>:x      hash   dead letters: key -> msgpack {payload, group, attempts, error,
---                              traceback, died_at}
+--                              traceback, died_at, digest as hex}
 --   P q:<#q>:<q>:xo     zset   dead keys by time of death
 --   P q:<#q>:<q>:s:<b>  set    seen: 64-bit digests of finished keys, in 2^18 buckets so each
 --                              stays a compact intset (8 bytes an entry)
@@ -45,8 +49,9 @@ end
 local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL).
-local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER, NEXT_DUE, NEXT_PRIORITY, ERROR =
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER, NEXT_DUE, NEXT_PRIORITY, ERROR,
+      KEY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+local RANK_SIZE = 16
 
 local function fmt(x)
     return string.format('%.17g', x)
@@ -60,8 +65,8 @@ local function gkey(group)
     return P .. 'g:' .. group
 end
 
-local function lease_member(queue, key)
-    return #queue .. ':' .. queue .. key
+local function lease_member(queue, field)
+    return #queue .. ':' .. queue .. field
 end
 
 local function split_lease_member(member)
@@ -70,20 +75,51 @@ local function split_lease_member(member)
     return string.sub(member, colon + 1, colon + n), string.sub(member, colon + n + 1)
 end
 
+-- Big-endian doubles of non-negative numbers sort bytewise as the numbers do.
 local function rank(rec)
     local due = rec[DUE]
-    if due < 0 then due = 0 elseif due > 9e12 then due = 9e12 end
-    return string.format('%020.6f%012x', due, rec[ID])
+    if due < 0 then due = 0 end
+    return struct.pack('>d', due) .. struct.pack('>d', rec[ID])
 end
 
-local function load(queue, key)
-    local raw = redis.call('HGET', qkey(queue, 'e'), key)
+-- Bytewise order, as Redis orders members (Lua's < follows the server's locale).
+local function before(a, b)
+    for i = 1, math.min(#a, #b) do
+        local x, y = string.byte(a, i), string.byte(b, i)
+        if x ~= y then return x < y end
+    end
+    return #a < #b
+end
+
+local function raw_digest(hex)
+    return (string.gsub(hex, '..', function(cc) return string.char(tonumber(cc, 16)) end))
+end
+
+local function load(queue, field)
+    local raw = redis.call('HGET', qkey(queue, 'e'), field)
     if raw then return cmsgpack.unpack(raw) end
     return nil
 end
 
-local function save(queue, key, rec)
-    redis.call('HSET', qkey(queue, 'e'), key, cmsgpack.pack(rec))
+-- The element of `key` and its field; when absent, nil and the field a new one would take.
+local function find(queue, key, digest)
+    local raw = redis.call('HGET', qkey(queue, 'e'), digest)
+    local taken = false
+    if raw then
+        local rec = cmsgpack.unpack(raw)
+        if rec[KEY] == key then return rec, digest end
+        taken = true
+    elseif redis.call('SISMEMBER', qkey(queue, 'ec'), digest) == 0 then
+        return nil, digest
+    end
+    local long = digest .. key
+    local rec = load(queue, long)
+    if rec then return rec, long end
+    return nil, taken and long or digest
+end
+
+local function save(queue, field, rec)
+    redis.call('HSET', qkey(queue, 'e'), field, cmsgpack.pack(rec))
 end
 
 local function count(queue, state, delta)
@@ -178,7 +214,7 @@ local function refresh_pair(queue, group)
     end
     local at = gate(group)
     if at <= NOW then
-        local member = string.sub(head[1], 1, 32) .. group
+        local member = string.sub(head[1], 1, RANK_SIZE) .. group
         redis.call('ZADD', active, head[2], member)
         redis.call('HSET', rows, group, member)
         if old == '' then redis.call('ZREM', waiting, group) end
@@ -224,30 +260,31 @@ local function wake()
 end
 
 -- -- element placement -----------------------------------------------------------------------
+-- These take an element's field (see `find`), not its key.
 
 -- Puts a queued element where its state says: the delayed set or its sub-queue.
-local function place(queue, key, rec, touched)
+local function place(queue, field, rec, touched)
     if rec[DUE] > NOW then
         rec[STATE] = DELAYED
-        redis.call('ZADD', qkey(queue, 'd'), fmt(rec[DUE]), key)
+        redis.call('ZADD', qkey(queue, 'd'), fmt(rec[DUE]), field)
     else
         rec[STATE] = READY
-        redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. key)
+        redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. field)
         touch(touched, queue, rec[GROUP])
     end
     count(queue, rec[STATE], 1)
 end
 
 -- Takes a queued or running element out of its place (the record itself stays).
-local function unplace(queue, key, rec, touched)
+local function unplace(queue, field, rec, touched)
     local state = rec[STATE]
     if state == DELAYED then
-        redis.call('ZREM', qkey(queue, 'd'), key)
+        redis.call('ZREM', qkey(queue, 'd'), field)
     elseif state == READY then
-        redis.call('ZREM', qkey(queue, 'r:' .. rec[GROUP]), rank(rec) .. key)
+        redis.call('ZREM', qkey(queue, 'r:' .. rec[GROUP]), rank(rec) .. field)
         touch(touched, queue, rec[GROUP])
     elseif state == RUNNING then
-        redis.call('ZREM', P .. 'leases', lease_member(queue, key))
+        redis.call('ZREM', P .. 'leases', lease_member(queue, field))
         if rec[WORKER] then redis.call('HINCRBY', P .. 'wrun', rec[WORKER], -1) end
         rec[LEASE], rec[WORKER] = false, false
     end
@@ -256,8 +293,8 @@ end
 
 -- Back to the queue from a run: at `due` (false keeps its own), or at the schedule that
 -- arrived while it ran, which also starts its attempts afresh.
-local function requeue(queue, key, rec, due, attempts_delta, err, touched)
-    unplace(queue, key, rec, touched)
+local function requeue(queue, field, rec, due, attempts_delta, err, touched)
+    unplace(queue, field, rec, touched)
     group_count(rec[GROUP], 'r', -1)
     group_count(rec[GROUP], 'q', 1)
     if rec[NEXT_DUE] then
@@ -268,27 +305,28 @@ local function requeue(queue, key, rec, due, attempts_delta, err, touched)
         rec[ATTEMPTS] = rec[ATTEMPTS] + attempts_delta
     end
     if err then rec[ERROR] = err end
-    place(queue, key, rec, touched)
-    save(queue, key, rec)
+    place(queue, field, rec, touched)
+    save(queue, field, rec)
 end
 
-local function remember_seen(queue, digest, bucket)
+-- `seen` holds the signed 64-bit digest in decimal, so each bucket stays an intset.
+local function remember_seen(queue, seen_digest, bucket)
     if queue_config(queue)[3] then
-        redis.call('SADD', qkey(queue, 's:' .. bucket), digest)
+        redis.call('SADD', qkey(queue, 's:' .. bucket), seen_digest)
     end
 end
 
 -- Done with an element: queued afresh if scheduled while running, else removed.
-local function finish(queue, key, rec, digest, bucket, touched)
-    remember_seen(queue, digest, bucket)
+local function finish(queue, field, rec, seen_digest, bucket, touched)
+    remember_seen(queue, seen_digest, bucket)
     if rec[STATE] == RUNNING and rec[NEXT_DUE] then
         rec[ERROR] = false
-        requeue(queue, key, rec, false, 0, false, touched)
+        requeue(queue, field, rec, false, 0, false, touched)
         return
     end
-    unplace(queue, key, rec, touched)
+    unplace(queue, field, rec, touched)
     group_count(rec[GROUP], rec[STATE] == RUNNING and 'r' or 'q', -1)
-    redis.call('HDEL', qkey(queue, 'e'), key)
+    redis.call('HDEL', qkey(queue, 'e'), field)
 end
 
 -- -- schedule ----------------------------------------------------------------------------------
@@ -296,43 +334,46 @@ end
 local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
 local OVERWRITE, ONLY_IF_EARLIER = 0, 1
 
--- One schedule: {queue, key, payload or false, group, due, priority, mode, digest, bucket,
--- revisit}; a queue with `seen` skips keys it finished unless asked to revisit them. Returns what happened (ADDED ... SKIPPED).
+-- One schedule: {queue, key, payload or false, group, due, priority, mode, digest as hex,
+-- seen digest, seen bucket, revisit}; a queue with `seen` skips keys it finished unless asked
+-- to revisit them. Returns what happened (ADDED ... SKIPPED).
 local function apply(item, touched)
     local queue, key, payload, group, due, priority, mode = unpack(item, 1, 7)
-    local rec = load(queue, key)
+    local digest = raw_digest(item[8])
+    local rec, field = find(queue, key, digest)
     if rec == nil then
-        if queue_config(queue)[3] and not item[10]
-                and redis.call('SISMEMBER', qkey(queue, 's:' .. item[9]), item[8]) == 1 then
+        if queue_config(queue)[3] and not item[11]
+                and redis.call('SISMEMBER', qkey(queue, 's:' .. item[10]), item[9]) == 1 then
             return SKIPPED
         end
         ensure_group(group)
+        if field ~= digest then redis.call('SADD', qkey(queue, 'ec'), digest) end
         rec = {redis.call('INCR', P .. 'seq'), payload, group, priority, due, READY, 0,
-               false, false, false, false, false}
-        place(queue, key, rec, touched)
+               false, false, false, false, false, key}
+        place(queue, field, rec, touched)
         group_count(group, 'q', 1)
-        save(queue, key, rec)
+        save(queue, field, rec)
         return ADDED
     end
     if rec[STATE] == RUNNING then
         if mode == OVERWRITE or (mode == ONLY_IF_EARLIER
                 and (not rec[NEXT_DUE] or due < rec[NEXT_DUE])) then
             rec[NEXT_DUE], rec[NEXT_PRIORITY] = due, priority
-            save(queue, key, rec)
+            save(queue, field, rec)
             return DEFERRED
         end
         return KEPT
     end
     if mode == OVERWRITE or (mode == ONLY_IF_EARLIER and due < rec[DUE]) then
-        unplace(queue, key, rec, touched)
+        unplace(queue, field, rec, touched)
         if group ~= rec[GROUP] then
             ensure_group(group)
             group_count(rec[GROUP], 'q', -1)
             group_count(group, 'q', 1)
         end
         rec[PAYLOAD], rec[GROUP], rec[DUE], rec[PRIORITY] = payload, group, due, priority
-        place(queue, key, rec, touched)
-        save(queue, key, rec)
+        place(queue, field, rec, touched)
+        save(queue, field, rec)
         return MOVED
     end
     return KEPT

@@ -1,5 +1,5 @@
 -- dead: takes dead letters of a queue out, requeueing them (due now, priority 0, attempts
--- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, digest-less keys or false for all}
+-- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, keys or false for all}
 -- Returns how many were taken.
 local args = cmsgpack.unpack(ARGV[3])
 local queue, requeue_them, keys = args[1], args[2], args[3]
@@ -15,7 +15,8 @@ for _, key in ipairs(keys) do
         count(queue, DEAD, -1)
         taken = taken + 1
         if requeue_them then
-            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, '0', '0', false}, touched)
+            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, letter[7], '0', '0', true},
+                  touched)
         end
     end
 end

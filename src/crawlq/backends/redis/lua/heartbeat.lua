@@ -1,14 +1,15 @@
 -- heartbeat: extends the leases a worker still holds and records that it is alive.
--- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is {queue, key, id, attempt}
+-- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is
+--   {queue, key, id, attempt, digest as hex}
 local args = cmsgpack.unpack(ARGV[3])
 local worker, lease_until = args[1], NOW + args[2]
 for i = 3, #args do
-    local queue, key, id, attempt = unpack(args[i], 1, 4)
-    local rec = load(queue, key)
+    local queue, key, id, attempt, hex = unpack(args[i], 1, 5)
+    local rec, field = find(queue, key, raw_digest(hex))
     if rec and rec[ID] == id and rec[ATTEMPTS] == attempt and rec[STATE] == RUNNING then
         rec[LEASE] = lease_until
-        save(queue, key, rec)
-        redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, key))
+        save(queue, field, rec)
+        redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, field))
     end
 end
 local raw = redis.call('HGET', P .. 'workers', worker)

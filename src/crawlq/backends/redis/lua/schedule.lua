@@ -1,6 +1,6 @@
 -- schedule: adds or moves a batch of elements in one step (SPEC 3.1, 3.2).
--- ARGV[3]: msgpack list of items {queue, key, payload or false, group, due, priority, mode,
---          digest, bucket, revisit}, each (queue, key) once (the caller folds repeats).
+-- ARGV[3]: msgpack list of items (see `apply` in common.lua), each (queue, key) once: the
+--          caller folds repeats.
 -- Returns msgpack {added, moved, kept, deferred, skipped}, or {false, queue} when a queue is
 -- unknown, before anything changed.
 local items = cmsgpack.unpack(ARGV[3])

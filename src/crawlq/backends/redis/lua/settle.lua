@@ -1,31 +1,32 @@
 -- settle: ack, fail or release leased elements (SPEC 3.5, 3.6). The attempt number fences
 -- a lease: a call from a run whose lease expired and that ran again changes nothing.
 -- ARGV[3]: msgpack {action, items...}; action "ack", "fail" or "release"; an item is
---   {queue, key, id, attempt, digest, bucket, due, retry_at or false, error, traceback}
+--   {queue, key, id, attempt, digest as hex, seen digest, seen bucket, due, retry_at or false,
+--    error, traceback}
 local args = cmsgpack.unpack(ARGV[3])
 local action = args[1]
 local touched, gates = {}, {}
 for i = 2, #args do
-    local queue, key, id, attempt, digest, bucket, due, retry_at, err, tb = unpack(args[i], 1, 10)
-    local rec = load(queue, key)
+    local queue, key, id, attempt, hex, seen, bucket, due, retry_at, err, tb = unpack(args[i], 1, 11)
+    local rec, field = find(queue, key, raw_digest(hex))
     -- An ack finishes an element whose lease expired but that no one ran again, too.
     if rec and rec[ID] == id and rec[ATTEMPTS] == attempt
             and (action == 'ack' or rec[STATE] == RUNNING) then
         if rec[STATE] == RUNNING then gates[rec[GROUP]] = true end
         if action == 'ack' then
-            finish(queue, key, rec, digest, bucket, touched)
+            finish(queue, field, rec, seen, bucket, touched)
         elseif action == 'release' then
-            requeue(queue, key, rec, due, -1, false, touched)
+            requeue(queue, field, rec, due, -1, false, touched)
         elseif retry_at then
-            requeue(queue, key, rec, retry_at, 0, err, touched)
+            requeue(queue, field, rec, retry_at, 0, err, touched)
         else
             local dead = qkey(queue, 'x')
-            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW}
+            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex}
             if redis.call('HSET', dead, key, cmsgpack.pack(letter)) == 1 then
                 count(queue, DEAD, 1)
             end
             redis.call('ZADD', qkey(queue, 'xo'), fmt(NOW), key)
-            finish(queue, key, rec, digest, bucket, touched)
+            finish(queue, field, rec, seen, bucket, touched)
         end
     end
 end
