@@ -75,8 +75,9 @@ while #result - 2 < limit do
     group_count(group, 'r', 1)
     rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
     save(queue, field, rec)
-    redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, field))
-    redis.call('HINCRBY', P .. 'wrun', worker, 1)
+    table.insert(lease_adds, fmt(lease_until))
+    table.insert(lease_adds, lease_member(queue, field))
+    add(P .. 'wrun', worker, 1)
     if group ~= '' then
         redis.call('HSET', gkey(group), 'ls', fmt(NOW))
         refresh_gate(group)
@@ -86,6 +87,8 @@ while #result - 2 < limit do
     table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
                           rec[ATTEMPTS], rec[ID]})
 end
+
+flush()
 
 -- 5. nothing more to take: say when something may be
 if #result - 2 < limit then

@@ -122,13 +122,50 @@ local function save(queue, field, rec)
     redis.call('HSET', qkey(queue, 'e'), field, cmsgpack.pack(rec))
 end
 
+-- Counters change many times in a script: the deltas add up here and reach Redis once, in
+-- `flush` (every script that counts calls it last). `gate` reads a group's running count
+-- through `pending` so it sees the deltas too.
+local deltas = {}
+local function add(key, field, delta)
+    local fields = deltas[key]
+    if fields == nil then
+        fields = {}
+        deltas[key] = fields
+    end
+    fields[field] = (fields[field] or 0) + delta
+end
+
+local function pending(key, field)
+    local fields = deltas[key]
+    return fields and fields[field] or 0
+end
+
 local function count(queue, state, delta)
-    redis.call('HINCRBY', qkey(queue, 'n'), state, delta)
+    add(qkey(queue, 'n'), state, delta)
 end
 
 -- Group counters: queued (delayed or ready) and running. The "" group keeps none.
 local function group_count(group, field, delta)
-    if group ~= '' then redis.call('HINCRBY', gkey(group), field, delta) end
+    if group ~= '' then add(gkey(group), field, delta) end
+end
+
+-- Lease set changes, applied in bulk by `flush` too (nothing reads the set before then).
+local lease_adds, lease_removals = {}, {}
+
+local function flush()
+    for key, fields in pairs(deltas) do
+        for field, delta in pairs(fields) do
+            if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
+        end
+    end
+    deltas = {}
+    for i = 1, #lease_removals, 1000 do
+        redis.call('ZREM', P .. 'leases', unpack(lease_removals, i, math.min(i + 999, #lease_removals)))
+    end
+    for i = 1, #lease_adds, 1000 do
+        redis.call('ZADD', P .. 'leases', unpack(lease_adds, i, math.min(i + 999, #lease_adds)))
+    end
+    lease_adds, lease_removals = {}, {}
 end
 
 local queue_names = nil
@@ -189,7 +226,8 @@ end
 local function gate(group)
     if group == '' then return 0 end
     local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r', 'ls', 'bu')
-    local concurrency, running = tonumber(g[1]), tonumber(g[3]) or 0
+    local concurrency = tonumber(g[1])
+    local running = (tonumber(g[3]) or 0) + pending(gkey(group), 'r')
     if concurrency and running >= concurrency then return NEVER end
     local t = 0
     if g[4] then t = tonumber(g[4]) + (tonumber(g[2]) or 0) end
@@ -284,8 +322,8 @@ local function unplace(queue, field, rec, touched)
         redis.call('ZREM', qkey(queue, 'r:' .. rec[GROUP]), rank(rec) .. field)
         touch(touched, queue, rec[GROUP])
     elseif state == RUNNING then
-        redis.call('ZREM', P .. 'leases', lease_member(queue, field))
-        if rec[WORKER] then redis.call('HINCRBY', P .. 'wrun', rec[WORKER], -1) end
+        table.insert(lease_removals, lease_member(queue, field))
+        if rec[WORKER] then add(P .. 'wrun', rec[WORKER], -1) end
         rec[LEASE], rec[WORKER] = false, false
     end
     count(queue, state, -1)

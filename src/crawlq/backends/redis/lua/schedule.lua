@@ -14,5 +14,6 @@ for _, item in ipairs(items) do
     outcomes[outcome] = outcomes[outcome] + 1
 end
 for _, pair in pairs(touched) do refresh_pair(pair[1], pair[2]) end
+flush()
 if outcomes[ADDED] + outcomes[MOVED] > 0 then wake() end
 return cmsgpack.pack(outcomes)

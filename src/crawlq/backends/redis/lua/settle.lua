@@ -30,5 +30,7 @@ for i = 2, #args do
         end
     end
 end
-if settle(touched, gates) then wake() end
+local opened = settle(touched, gates)
+flush()
+if opened then wake() end
 return 1
