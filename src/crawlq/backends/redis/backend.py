@@ -5,12 +5,14 @@ round trip; the key layout is documented in lua/common.lua and docs/redis.md.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import msgpack
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -132,13 +134,10 @@ class RedisBackend:
         }
         try:
             client = Redis.from_url(self._url, **options)
-            probe = Redis.from_url(self._url, socket_connect_timeout=5.0)
         except ValueError as exc:
             raise ConfigError(f"bad Redis URL {self.url}: {exc}") from None
         try:
-            # Without retries, so a server that is not there is reported at once.
-            async with probe:
-                await probe.ping()
+            await asyncio.to_thread(self._probe)
             await client.ping()
             fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
             if fresh:
@@ -156,6 +155,12 @@ class RedisBackend:
             raise
         self._client = client
         self._scripts = register(client)
+
+    def _probe(self) -> None:
+        """One PING without retries, so a server that is not there is reported at once. With
+        the blocking client: a refused login or handshake closes its socket right away."""
+        with SyncRedis.from_url(self._url, socket_connect_timeout=5.0) as probe:
+            probe.ping()
 
     async def _set_default_limit(self, client: Redis) -> None:
         rule = _rule(LimitRule(pattern="*", limit=DEFAULT_LIMIT))

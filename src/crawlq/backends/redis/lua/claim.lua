@@ -47,45 +47,78 @@ for _, queue in ipairs(queues) do
     end
 end
 
--- 4. take the best active head, again and again
+-- 4. take the best active head, again and again. While a group has room and no interval,
+-- its sub-queue's next elements are taken in the same step for as long as they rank before
+-- the second-best row: the same elements, in the same order, as one at a time.
+local function ranks_before(score, member, other_score, other_member)
+    return score < other_score or (score == other_score and before(member, other_member))
+end
+
+-- How many elements the group may start now (its row is active, so at least one).
+local function room(group, wanted)
+    if group == '' then return wanted end
+    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r')
+    if (tonumber(g[2]) or 0) > 0 then return 1 end
+    local concurrency = tonumber(g[1])
+    if concurrency == nil then return wanted end
+    return math.min(wanted, concurrency - (tonumber(g[3]) or 0) - pending(gkey(group), 'r'))
+end
+
 local result = {false, NOW}
-local lease_until = NOW + lease
+local lease_until, lease_score = NOW + lease, fmt(NOW + lease)
 while #result - 2 < limit do
-    local best_queue, best_score, best_member = nil, nil, nil
+    local best_queue, best_score, best_member, second_score, second_member
     for _, queue in ipairs(queues) do
-        local head = redis.call('ZRANGE', qkey(queue, 'fa'), 0, 0, 'WITHSCORES')
-        if head[1] then
-            local score = tonumber(head[2])
-            if best_queue == nil or score < best_score or (score == best_score
-                    and (before(head[1], best_member)
-                         or (head[1] == best_member and before(queue, best_queue)))) then
-                best_queue, best_score, best_member = queue, score, head[1]
+        local heads = redis.call('ZRANGE', qkey(queue, 'fa'), 0, 1, 'WITHSCORES')
+        for j = 1, #heads, 2 do
+            local member, score = heads[j], tonumber(heads[j + 1])
+            if best_queue == nil or ranks_before(score, member, best_score, best_member) then
+                second_score, second_member = best_score, best_member
+                best_queue, best_score, best_member = queue, score, member
+            elseif second_score == nil or ranks_before(score, member, second_score, second_member) then
+                second_score, second_member = score, member
             end
         end
     end
     if best_queue == nil then break end
     local queue, group = best_queue, string.sub(best_member, RANK_SIZE + 1)
-    local member = redis.call('ZPOPMIN', qkey(queue, 'r:' .. group))[1]
-    local field = string.sub(member, RANK_SIZE + 1)
-    local rec = load(queue, field)
-    local key = rec[KEY]
-    count(queue, READY, -1)
-    count(queue, RUNNING, 1)
-    group_count(group, 'q', -1)
-    group_count(group, 'r', 1)
-    rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
-    save(queue, field, rec)
-    table.insert(lease_adds, fmt(lease_until))
-    table.insert(lease_adds, lease_member(queue, field))
-    add(P .. 'wrun', worker, 1)
-    if group ~= '' then
-        redis.call('HSET', gkey(group), 'ls', fmt(NOW))
-        refresh_gate(group)
+    local n = room(group, limit - (#result - 2))
+    if n < 1 then
+        refresh_gate(group)  -- an active row of a full group: cannot happen, but never loop
     else
-        refresh_pair(queue, group)
+        local subqueue = qkey(queue, 'r:' .. group)
+        local heads = redis.call('ZRANGE', subqueue, 0, n - 1, 'WITHSCORES')
+        local taken = 0
+        for j = 1, #heads, 2 do
+            local member, score = heads[j], tonumber(heads[j + 1])
+            if taken > 0 and second_score and not ranks_before(score, string.sub(member, 1, RANK_SIZE),
+                    second_score, string.sub(second_member, 1, RANK_SIZE)) then
+                break
+            end
+            local field = string.sub(member, RANK_SIZE + 1)
+            local rec = load(queue, field)
+            rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
+            save(queue, field, rec)
+            table.insert(lease_adds, lease_score)
+            table.insert(lease_adds, lease_member(queue, field))
+            local key = rec[KEY]
+            table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
+                                  rec[ATTEMPTS], rec[ID]})
+            taken = taken + 1
+        end
+        redis.call('ZREMRANGEBYRANK', subqueue, 0, taken - 1)
+        count(queue, READY, -taken)
+        count(queue, RUNNING, taken)
+        group_count(group, 'q', -taken)
+        group_count(group, 'r', taken)
+        add(P .. 'wrun', worker, taken)
+        if group ~= '' then
+            redis.call('HSET', gkey(group), 'ls', fmt(NOW))
+            refresh_gate(group)
+        else
+            refresh_pair(queue, group)
+        end
     end
-    table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
-                          rec[ATTEMPTS], rec[ID]})
 end
 
 flush()
