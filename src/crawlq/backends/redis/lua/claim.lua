@@ -66,6 +66,44 @@ end
 
 local result = {false, NOW}
 local lease_until, lease_score = NOW + lease, fmt(NOW + lease)
+
+local function take(queue, group, field)
+    local rec = load(queue, field)
+    rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
+    save(queue, field, rec)
+    table.insert(lease_adds, lease_score)
+    table.insert(lease_adds, lease_member(queue, field))
+    local key = rec[KEY]
+    table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
+                          rec[ATTEMPTS], rec[ID]})
+end
+
+-- Takes up to n elements from the head of a sub-queue, stopping at the first that does not
+-- rank before the second-best row (second_score nil: none). Reads the run in growing chunks
+-- (1, 2, 4...), as most runs end at the first element. Returns how many it took.
+local function take_run(queue, group, n, second_score, second_rank)
+    local subqueue = qkey(queue, 'r:' .. group)
+    local taken, chunk = 0, 1
+    while taken < n do
+        local first, last = taken, math.min(n, taken + chunk) - 1
+        local heads = redis.call('ZRANGE', subqueue, first, last, 'WITHSCORES')
+        for j = 1, #heads, 2 do
+            local member, score = heads[j], tonumber(heads[j + 1])
+            if taken > 0 and second_score
+                    and not ranks_before(score, string.sub(member, 1, RANK_SIZE), second_score, second_rank) then
+                n = 0
+                break
+            end
+            take(queue, group, string.sub(member, RANK_SIZE + 1))
+            taken = taken + 1
+        end
+        if n == 0 or #heads < 2 * (last - first + 1) then break end
+        chunk = chunk * 2
+    end
+    redis.call('ZREMRANGEBYRANK', subqueue, 0, taken - 1)
+    return taken
+end
+
 while #result - 2 < limit do
     local best_queue, best_score, best_member, second_score, second_member
     for _, queue in ipairs(queues) do
@@ -86,37 +124,28 @@ while #result - 2 < limit do
     if n < 1 then
         refresh_gate(group)  -- an active row of a full group: cannot happen, but never loop
     else
-        local subqueue = qkey(queue, 'r:' .. group)
-        local heads = redis.call('ZRANGE', subqueue, 0, n - 1, 'WITHSCORES')
-        local taken = 0
-        for j = 1, #heads, 2 do
-            local member, score = heads[j], tonumber(heads[j + 1])
-            if taken > 0 and second_score and not ranks_before(score, string.sub(member, 1, RANK_SIZE),
-                    second_score, string.sub(second_member, 1, RANK_SIZE)) then
-                break
-            end
-            local field = string.sub(member, RANK_SIZE + 1)
-            local rec = load(queue, field)
-            rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
-            save(queue, field, rec)
-            table.insert(lease_adds, lease_score)
-            table.insert(lease_adds, lease_member(queue, field))
-            local key = rec[KEY]
-            table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
-                                  rec[ATTEMPTS], rec[ID]})
-            taken = taken + 1
-        end
-        redis.call('ZREMRANGEBYRANK', subqueue, 0, taken - 1)
+        local taken = take_run(queue, group, n, second_score,
+                               second_member and string.sub(second_member, 1, RANK_SIZE))
         count(queue, READY, -taken)
         count(queue, RUNNING, taken)
         group_count(group, 'q', -taken)
         group_count(group, 'r', taken)
         add(P .. 'wrun', worker, taken)
-        if group ~= '' then
-            redis.call('HSET', gkey(group), 'ls', fmt(NOW))
-            refresh_gate(group)
+        if group ~= '' then redis.call('HSET', gkey(group), 'ls', fmt(NOW)) end
+        if gate(group) <= NOW then
+            -- Still open: only this row's head moved; the group's other rows stay active.
+            local rows, active = qkey(queue, 'fr'), qkey(queue, 'fa')
+            redis.call('ZREM', active, best_member)
+            local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
+            if head[1] then
+                local member = string.sub(head[1], 1, RANK_SIZE) .. group
+                redis.call('ZADD', active, head[2], member)
+                redis.call('HSET', rows, group, member)
+            else
+                redis.call('HDEL', rows, group)
+            end
         else
-            refresh_pair(queue, group)
+            refresh_gate(group)
         end
     end
 end
