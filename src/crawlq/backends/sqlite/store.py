@@ -7,7 +7,6 @@ two claims never interleave.
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import threading
@@ -21,13 +20,15 @@ from ...errors import BackendCorrupt, BackendError, BackendUnavailable
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
-#: Pages of write-ahead log after which the log is started again from its beginning.
-WAL_RESTART_PAGES = int(os.environ.get("CRAWLQ_WAL_PAGES", "4000"))
+#: Write-ahead log pages after which the log is started again from its beginning (16 MB).
+WAL_RESTART_PAGES = 4000
+#: The log is restarted once the checkpointer has caught up to within this many pages.
+RESTART_RESIDUE_PAGES = 200
 #: Should the checkpointer fall behind, the writer checkpoints by itself at this size.
 WAL_AUTOCHECKPOINT_PAGES = 4 * WAL_RESTART_PAGES
 #: Least seconds between two background checkpoints, so that a busy writer's stream of commits
 #: is copied and synced in batches rather than once per commit.
-CHECKPOINT_GAP = float(os.environ.get("CRAWLQ_CKPT_GAP", "0.05"))
+CHECKPOINT_GAP = 0.05
 
 
 def _load_queries() -> dict[str, str]:
@@ -149,11 +150,17 @@ class Store:
             raise
         self.db.execute("COMMIT")
         if self._checkpointer.wanted():
-            # The log is long and the checkpointer has copied nearly all of it: copy the rest
-            # here, where no commit can slip in between, so that the next commit restarts it.
+            self._restart_log()
+
+    def _restart_log(self) -> None:
+        """The log is long and the checkpointer has copied nearly all of it: copies the rest
+        here, where no commit of ours slips in between, so that our next commit restarts it."""
+        try:
             busy, _, _ = self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            if not busy:
-                self._checkpointer.restarted()
+        except sqlite3.Error:
+            return  # the transaction is committed all the same; the next commit tries again
+        if not busy:
+            self._checkpointer.restarted()
 
     def run(self, name: str, params: Any = ()) -> sqlite3.Cursor:
         return self.db.execute(QUERIES[name], params)
@@ -174,12 +181,18 @@ class Checkpointer:
     """Copies committed pages from the write-ahead log into the database file, on a thread and
     connection of its own.
 
-    A checkpoint writes pages scattered across the file and then syncs it; in a large queue
-    that costs tens of milliseconds. Left to SQLite's automatic checkpoint, the commit that
-    crosses the threshold pays for it, so one claim in a few hundred stalls. Here the copying
-    and syncing run beside the writer (a PASSIVE checkpoint never blocks it), woken after
-    commits. The writer's own automatic checkpoint stays, at a higher threshold, as the bound
-    on the log; by then little is left for it to copy, and it restarts the log from the top.
+    A checkpoint writes pages scattered across the file and then syncs it: in a large queue,
+    where a claim's pages are scattered, tens of milliseconds. Left to SQLite's automatic
+    checkpoint, the commit that crosses the threshold pays all of it, so that one claim in a
+    few stalls and the claim rate falls as the queue grows. Here PASSIVE checkpoints, which
+    never block a writer, copy and sync beside it, woken by commits.
+
+    The log starts again from its beginning only when a writer finds it wholly copied, which a
+    busy writer never lets a checkpoint beside it achieve. So once the log is long and this
+    thread has caught up to within a few pages, it hands over: the writer, right after its next
+    commit, copies that small rest itself (see `Store.transaction`), and its following commit
+    restarts the log. The writer's own automatic checkpoint, at a higher threshold, remains as
+    the bound should this thread fall behind.
     """
 
     def __init__(self, path: str) -> None:
@@ -189,6 +202,7 @@ class Checkpointer:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._restart_due = False
+        self._done = 0
         self._thread = threading.Thread(
             target=self._run, name="crawlq-sqlite-checkpoint", daemon=True
         )
@@ -202,8 +216,7 @@ class Checkpointer:
         return False
 
     def restarted(self) -> None:
-        self._restart_due = False
-        self._wake.set()
+        self._restart_due = False  # the next commit restarts the log, and wakes the thread
 
     def _run(self) -> None:
         while True:
@@ -215,10 +228,14 @@ class Checkpointer:
                 busy, log, done = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             except sqlite3.Error:
                 busy, log, done = 1, 0, 0  # the writer's automatic checkpoint bounds the log
-            if log >= WAL_RESTART_PAGES and not busy and log == done:
+            copied = done - self._done if done >= self._done else done  # less: log restarted
+            self._done = done
+            if log < WAL_RESTART_PAGES or busy or log != done:
+                self._closing.wait(CHECKPOINT_GAP)
+            elif 0 <= copied <= RESTART_RESIDUE_PAGES:
                 self._restart_due = True
             else:
-                self._closing.wait(CHECKPOINT_GAP)
+                self._wake.set()  # catching up: copy again at once, the writer added little
 
     def close(self) -> None:
         self._closing.set()
