@@ -11,6 +11,7 @@ exit) and sampling the peak RSS of their process trees.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -29,6 +30,8 @@ except ImportError:  # pragma: no cover - psutil comes with the bench extra
 
 #: Worker processes find the marker file here when tasks call ``mark_done()``.
 MARKER_ENV = "BENCH_MARKER_FILE"
+#: ... and the lateness file here when delayed tasks call ``mark_late(due)``.
+LATENESS_ENV = "BENCH_LATENESS_FILE"
 
 _fds: dict[str, int] = {}
 _fds_lock = threading.Lock()
@@ -57,6 +60,31 @@ def mark_done(path: str | os.PathLike[str] | None = None) -> None:
     if path is None:
         path = os.environ[MARKER_ENV]
     os.write(_marker_fd(os.fspath(path)), b".")
+
+
+def mark_late(due: float) -> None:
+    """Record a delayed task's start: its lateness (now - due, in seconds) as one line of the
+    lateness file (BENCH_LATENESS_FILE), then one completion (`mark_done`).
+
+    Call it first thing in the task: ``due`` is the wall-clock time (time.time()) the task
+    was due at, passed to it as an argument by whoever scheduled it.
+    """
+    late = time.time() - due
+    os.write(_marker_fd(os.environ[LATENESS_ENV]), f"{late:.6f}\n".encode())
+    mark_done()
+
+
+def read_lateness(path: str | os.PathLike[str]) -> list[float]:
+    """The latenesses `mark_late` wrote, in seconds, sorted."""
+    return sorted(float(line) for line in Path(path).read_text().split())
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile of already sorted values (fraction 0.5 is the median)."""
+    if not sorted_values:
+        raise ValueError("no values")
+    rank = max(1, min(len(sorted_values), math.ceil(fraction * len(sorted_values))))
+    return sorted_values[rank - 1]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import crawlq
-from benchmarks.common import mark_done
+from benchmarks.common import mark_done, mark_late
 
 app = crawlq.App(os.environ.get("CRAWLQ_BACKEND"))
 
@@ -20,3 +20,9 @@ async def noop(ctx: crawlq.Context, n: int) -> None:
 async def io(ctx: crawlq.Context, n: int) -> None:
     await asyncio.sleep(0.05)
     mark_done()
+
+
+@app.task(group=None)
+async def late(ctx: crawlq.Context, element: dict[str, float]) -> None:
+    """A delayed element: records how late it started (`element["due"]` is wall-clock)."""
+    mark_late(element["due"])

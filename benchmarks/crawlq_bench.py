@@ -1,6 +1,9 @@
-"""crawlq's queue benchmarks on the embedded SQLite backend.
+"""crawlq's queue benchmarks on the embedded SQLite backend (or another backend URL).
 
     python -m benchmarks.crawlq_bench [--json OUT] [--big 1000000]
+
+The workloads take a backend URL (`Target`), so benchmarks.redis_compare runs the same
+code on Redis; run from here they use SQLite files in a temporary folder.
 
 - schedule rate: single schedules (one transaction each) and bulk (batches of 10,000);
 - drain rate of no-op tasks and the I/O workload (2,000 tasks sleeping 50 ms) with 1 and
@@ -38,23 +41,54 @@ CLAIMS = 1_000
 WORKER_SLOTS = "500"
 
 
-def result(name: str, **fields: Any) -> dict[str, Any]:
-    return {"system": "crawlq", "version": crawlq.__version__, "workload": name, **fields}
+class Target:
+    """Where the workloads keep their queues: one fresh backend URL per name.
+
+    SQLite: a file per name in ``folder``. Redis: a namespace per name on one server
+    (``redis_url`` without a query), so runs never see each other's elements.
+    """
+
+    def __init__(self, folder: Path, redis_url: str | None = None) -> None:
+        self.folder = folder
+        self.redis_url = redis_url
+        self.backend = "sqlite" if redis_url is None else "redis"
+
+    def url(self, name: str) -> str:
+        if self.redis_url is None:
+            return f"sqlite:///{self.folder / name}.db"
+        return f"{self.redis_url}?namespace=bench-{name}"
+
+    def describe(self) -> str:
+        return "SQLite WAL" if self.redis_url is None else "Redis"
 
 
-def timed(name: str, tasks: int, seconds: float, config: str, **fields: Any) -> dict[str, Any]:
+def result(name: str, backend: str = "sqlite", **fields: Any) -> dict[str, Any]:
+    return {
+        "system": "crawlq",
+        "version": crawlq.__version__,
+        "backend": backend,
+        "workload": name,
+        **fields,
+    }
+
+
+def timed(
+    name: str, tasks: int, seconds: float, config: str, backend: str = "sqlite", **fields: Any
+) -> dict[str, Any]:
     """A result whose rate is simply tasks over seconds."""
-    return result(name, tasks=tasks, seconds=seconds, rate=tasks / seconds, config=config, **fields)
+    return result(
+        name, backend, tasks=tasks, seconds=seconds, rate=tasks / seconds, config=config, **fields
+    )
 
 
-async def _open(path: Path) -> Backend:
-    backend = open_backend(f"sqlite:///{path}")
+async def _open(url: str) -> Backend:
+    backend = open_backend(url)
     await backend.open()
     return backend
 
 
-async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
-    app = crawlq.App(f"sqlite:///{folder / 'schedule.db'}")
+async def schedule_rates(target: Target) -> list[dict[str, Any]]:
+    app = crawlq.App(target.url("schedule"))
     single = app.task(group=None, queue="single")(lambda ctx, n: None)
     bulk = app.task(queue="bulk")(lambda ctx, n: None)
     singles = 5_000
@@ -73,51 +107,42 @@ async def schedule_rates(folder: Path) -> list[dict[str, Any]]:
         await app.aschedule_many(plain, range(offset, offset + 10_000))
     plain_seconds = time.perf_counter() - started
     await app.aclose()
+    b = target.backend
     return [
         timed(
-            "schedule-single", singles, single_seconds, "await app.aschedule(), one element a call"
+            "schedule-single",
+            singles,
+            single_seconds,
+            "await app.aschedule(), one element a call",
+            b,
         ),
         timed(
             "schedule-bulk",
             len(urls),
             bulk_seconds,
             "await app.aschedule_many(), 10,000 URLs in 1,000 hosts a call",
+            b,
         ),
         timed(
             "schedule-bulk-plain",
             len(urls),
             plain_seconds,
             "await app.aschedule_many(), 10,000 integers (no group) a call",
+            b,
         ),
     ]
 
 
-def _worker_env(db: Path, marker: Path) -> dict[str, str]:
+def worker_env(backend_url: str, marker: Path) -> dict[str, str]:
+    """The environment of `crawlq worker benchmarks.crawlq_app:app` processes."""
     env = dict(os.environ)
-    env.update(CRAWLQ_BACKEND=f"sqlite:///{db}", PYTHONPATH=str(REPO_ROOT))
+    env.update(CRAWLQ_BACKEND=backend_url, PYTHONPATH=str(REPO_ROOT))
     env[MARKER_ENV] = str(marker)
     return env
 
 
-def drain(
-    folder: Path, workload: str, processes: int, tasks: int, queued: int = 0
-) -> dict[str, Any]:
-    """Schedules `queued` (default `tasks`) elements, starts workers, times `tasks` completions."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{processes}-", dir=folder))
-    db, marker = run_dir / "queue.db", run_dir / "done"
-    env = _worker_env(db, marker)
-    os.environ["CRAWLQ_BACKEND"] = env["CRAWLQ_BACKEND"]
-    from benchmarks import crawlq_app
-
-    app = crawlq.App(env["CRAWLQ_BACKEND"])
-    app.tasks = dict(crawlq_app.app.tasks)
-    enqueue_started = time.perf_counter()
-    total = queued or tasks
-    for offset in range(0, total, 50_000):
-        app.schedule_many(workload, range(offset, min(total, offset + 50_000)))
-    enqueue_seconds = time.perf_counter() - enqueue_started
-    app.close()
-    command = [
+def worker_command(workload: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "crawlq",
@@ -128,6 +153,33 @@ def drain(
         "-c",
         WORKER_SLOTS,
     ]
+
+
+def bench_app(backend_url: str) -> crawlq.App:
+    """An app on ``backend_url`` that knows the tasks of benchmarks.crawlq_app."""
+    from benchmarks import crawlq_app
+
+    app = crawlq.App(backend_url)
+    app.tasks = dict(crawlq_app.app.tasks)
+    return app
+
+
+def drain(
+    target: Target, workload: str, processes: int, tasks: int, queued: int = 0
+) -> dict[str, Any]:
+    """Schedules `queued` (default `tasks`) elements, starts workers, times `tasks` completions."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{workload}-{processes}-", dir=target.folder))
+    marker = run_dir / "done"
+    backend_url = target.url(f"{run_dir.name}/queue" if target.redis_url is None else run_dir.name)
+    env = worker_env(backend_url, marker)
+    app = bench_app(backend_url)
+    enqueue_started = time.perf_counter()
+    total = queued or tasks
+    for offset in range(0, total, 50_000):
+        app.schedule_many(workload, range(offset, min(total, offset + 50_000)))
+    enqueue_seconds = time.perf_counter() - enqueue_started
+    app.close()
+    command = worker_command(workload)
     log = run_dir / "workers.log"
     with (
         run_workers([command] * processes, env, log, cwd=REPO_ROOT) as workers,
@@ -136,6 +188,7 @@ def drain(
         measured = wait_for_completions(marker, tasks, 300, check=workers.check_alive)
     return result(
         workload,
+        target.backend,
         processes=processes,
         tasks=tasks,
         queued=total,
@@ -144,18 +197,18 @@ def drain(
         rate=measured.rate,
         peak_rss_mb=rss.peak_mb,
         memory=queued > 0,
-        config=f"SQLite WAL, {processes} x `crawlq worker -c {WORKER_SLOTS}`",
+        config=f"{target.describe()}, {processes} x `crawlq worker -c {WORKER_SLOTS}`",
     )
 
 
-async def claim_rate(folder: Path, queued: int) -> list[dict[str, Any]]:
+async def claim_rate(target: Target, queued: int) -> list[dict[str, Any]]:
     """Claims CLAIMS elements, one a claim and 100 a claim, with 90% of 10,000 groups blocked.
 
     The queue is filled, its groups blocked and the file closed (checkpointed) first, so the
     claims run against the steady state, not behind the fill's write-ahead log.
     """
-    path = folder / f"claims-{queued}.db"
-    backend = await _open(path)
+    url = target.url(f"claims-{queued}")
+    backend = await _open(url)
     config = QueueConfig(name="pages")
     await backend.ensure_queues([config])
     await backend.set_limits([LimitRule(pattern="*", limit=Limit())])
@@ -176,7 +229,7 @@ async def claim_rate(folder: Path, queued: int) -> list[dict[str, Any]]:
     await backend.close()
     results = []
     for per_claim in (1, 100):
-        backend = await _open(path)
+        backend = await _open(url)
         taken: list[Any] = []
         started = time.perf_counter()
         while len(taken) < CLAIMS:
@@ -193,6 +246,7 @@ async def claim_rate(folder: Path, queued: int) -> list[dict[str, Any]]:
                 CLAIMS,
                 seconds,
                 f"backend.claim(limit={per_claim}) in a loop, one transaction each",
+                target.backend,
                 queued=queued,
                 groups=GROUPS,
                 blocked_groups=GROUPS * 9 // 10,
@@ -203,18 +257,18 @@ async def claim_rate(folder: Path, queued: int) -> list[dict[str, Any]]:
     return results
 
 
-def _schedule_step(folder: Path) -> list[dict[str, Any]]:
-    return asyncio.run(schedule_rates(folder))
+def _schedule_step(target: Target) -> list[dict[str, Any]]:
+    return asyncio.run(schedule_rates(target))
 
 
-def _claim_step(folder: Path, queued: int) -> list[dict[str, Any]]:
-    return asyncio.run(claim_rate(folder, queued))
+def claim_step(target: Target, queued: int) -> list[dict[str, Any]]:
+    return asyncio.run(claim_rate(target, queued))
 
 
 def _drain_step(
-    folder: Path, workload: str, processes: int, tasks: int, queued: int = 0
+    target: Target, workload: str, processes: int, tasks: int, queued: int = 0
 ) -> list[dict[str, Any]]:
-    return [drain(folder, workload, processes, tasks, queued)]
+    return [drain(target, workload, processes, tasks, queued)]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -227,20 +281,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="crawlq-bench-") as tmp:
         folder = Path(tmp)
+        target = Target(folder)
         steps: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = []
         if "schedule" in only:
-            steps.append(("schedule", partial(_schedule_step, folder)))
+            steps.append(("schedule", partial(_schedule_step, target)))
         if "drain" in only:
             for workload, tasks in (("noop", NOOP_TASKS), ("io", IO_TASKS)):
                 for processes in (1, 2):
-                    step = partial(_drain_step, folder, workload, processes, tasks)
+                    step = partial(_drain_step, target, workload, processes, tasks)
                     steps.append((f"{workload} x{processes}", step))
         if "claim" in only:
             for queued in (GROUPS, args.big):
-                steps.append((f"claim {queued}", partial(_claim_step, folder, queued)))
+                steps.append((f"claim {queued}", partial(claim_step, target, queued)))
         if "memory" in only:
             for queued in (NOOP_TASKS, args.big, 2 * args.big):
-                step = partial(_drain_step, folder, "noop", 1, NOOP_TASKS, queued)
+                step = partial(_drain_step, target, "noop", 1, NOOP_TASKS, queued)
                 steps.append((f"memory {queued}", step))
         for label, run_step in steps:
             print(f"crawlq: {label} ...", file=sys.stderr, flush=True)

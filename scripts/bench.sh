@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every benchmark, crawlq and its peers in one run; rewrites the results in BENCHMARKS.md.
-# Usage: bash scripts/bench.sh [--big N] [--skip-peers]
+# Every benchmark in one run: crawlq on SQLite, then crawlq on Redis and its peers on one
+# redis-server; rewrites the results in BENCHMARKS.md and keeps the records in results/.
+# Usage: bash scripts/bench.sh [--big N] [--skip-peers] [--skip-redis]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh bench

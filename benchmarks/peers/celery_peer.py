@@ -2,16 +2,21 @@
 
 noop: solo pool (tasks run in the worker's main thread; no pool hand-off) with a deep
 prefetch. io: threads pool of IO_CONCURRENCY per process (gevent is not installed).
+Delayed tasks (``countdown=``) are delivered to a worker at once, which holds them in its
+timer until their eta.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import celery
 
-from benchmarks.common import mark_done
+from benchmarks.common import mark_done, mark_late
 from benchmarks.peers import (
     IO_CONCURRENCY,
     IO_SLEEP,
@@ -19,15 +24,20 @@ from benchmarks.peers import (
     Peer,
     Workload,
     cli,
+    fresh_ids,
     redis_url_from_env,
 )
 
-TASK_NAMES: dict[Workload, str] = {"noop": "bench.noop", "io": "bench.io"}
-PREFETCH_MULTIPLIER: dict[Workload, int] = {"noop": 4, "io": 2}
+TASK_NAMES: dict[Workload, str] = {"noop": "bench.noop", "io": "bench.io", "late": "bench.late"}
+PREFETCH_MULTIPLIER: dict[Workload, int] = {"noop": 4, "io": 2, "late": 4}
 
 
-def noop() -> None:
+def noop(url: str | None = None) -> None:
     mark_done()
+
+
+def late(due: float) -> None:
+    mark_late(due)
 
 
 def io() -> None:
@@ -48,6 +58,7 @@ def make_app(redis_url: str) -> Any:
     )
     app.task(name=TASK_NAMES["noop"])(noop)
     app.task(name=TASK_NAMES["io"])(io)
+    app.task(name=TASK_NAMES["late"])(late)
     return app
 
 
@@ -62,6 +73,54 @@ def enqueue(redis_url: str, workload: Workload, n: int) -> None:
     with sender.producer_or_acquire() as producer:
         for _ in range(n):
             sig.apply_async(producer=producer)
+
+
+class Client:
+    def __init__(self, redis_url: str) -> None:
+        self.app = make_app(redis_url)
+        self.noop = self.app.signature(TASK_NAMES["noop"])
+        self.late = self.app.signature(TASK_NAMES["late"])
+
+    def send_each(self, urls: Sequence[str]) -> None:
+        for url in urls:
+            self.send(url)
+
+    def send(self, url: str) -> None:
+        self.noop.apply_async(args=(url,))
+
+    def send_many(self, urls: Sequence[str]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for url in urls:
+                self.noop.apply_async(args=(url,), producer=producer)
+
+    def send_late(self, due: float, delay: float) -> None:
+        self.late.apply_async(args=(due,), countdown=delay)
+
+    def fill(self, n: int) -> None:
+        self.send("http://fill.bench/")
+        with self.app.connection_for_write() as conn:
+            client = conn.default_channel.client
+            template = client.lindex(QUEUE, 0).decode()
+            message = json.loads(template)
+            task_id = message["headers"]["id"]
+            tag = message["properties"]["delivery_tag"]
+            client.delete(QUEUE)
+            ids = zip(fresh_ids(task_id, n), fresh_ids(tag, n), strict=True)
+            while batch := list(islice(ids, 10_000)):
+                data = [template.replace(task_id, a).replace(tag, b) for a, b in batch]
+                client.lpush(QUEUE, *data)
+
+    def dequeue(self, count: int) -> None:
+        with self.app.connection_for_read() as conn:
+            queue = self.app.amqp.queues[QUEUE](conn.default_channel)
+            for _ in range(count):
+                message = queue.get(no_ack=False, accept=["json"])
+                if message is None:
+                    raise RuntimeError("celery: queue ran empty")
+                message.ack()
+
+    def close(self) -> None:
+        self.app.close()
 
 
 def _pool_args(workload: Workload) -> list[str]:
@@ -91,4 +150,12 @@ def config(workload: Workload, processes: int) -> dict[str, object]:
     }
 
 
-PEER = Peer("celery", celery.__version__, enqueue, worker_commands, config)
+NOTES = {
+    "schedule-single": "signature.apply_async(args), a producer from the pool each call",
+    "schedule-bulk": "apply_async in a loop on one producer (no bulk API)",
+    "lateness": "apply_async(countdown=2); the solo worker holds ETA tasks in its timer",
+    "dequeue": "kombu Queue.get(no_ack=False) (RPOP + unacked bookkeeping) + ack, "
+    "one message a call",
+}
+
+PEER = Peer("celery", celery.__version__, enqueue, worker_commands, config, Client, NOTES)

@@ -1,27 +1,34 @@
 """Huey: RedisHuey (blocking BRPOP), results off, a JSON message serializer.
 
-One ``huey_consumer`` per "process", with thread workers: NOOP_WORKERS for noop,
-IO_CONCURRENCY for io (greenlet workers need gevent, which is not installed).
+One ``huey_consumer`` per "process", with thread workers: NOOP_WORKERS for noop and late,
+IO_CONCURRENCY for io (greenlet workers need gevent, which is not installed). Delayed
+tasks (``schedule(delay=)``) wait in Huey's schedule sorted set; the consumer's scheduler
+moves due ones to the queue every ``--scheduler-interval`` seconds (1, its minimum).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
+from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import huey
 from huey.registry import Message
 from huey.serializer import Serializer
 
-from benchmarks.common import mark_done
+from benchmarks.common import mark_done, mark_late
 from benchmarks.peers import (
     IO_CONCURRENCY,
     IO_SLEEP,
     QUEUE,
     Peer,
     Workload,
+    chunks,
     cli,
+    copies,
     redis_url_from_env,
 )
 
@@ -31,16 +38,25 @@ NOOP_WORKERS = 4
 class JSONSerializer(Serializer):  # type: ignore[misc]  # Serializer is Any to mypy
     """Huey's default serializer is pickle; this one handles task messages as JSON.
 
-    Enough for these tasks (no eta, expiry, pipelines or chords: JSON raises on those).
+    Enough for these tasks: the eta (a naive UTC datetime) goes as an ISO string; expiry,
+    pipelines or chords are not handled (JSON raises on those).
     """
+
+    ETA = Message._fields.index("eta")
 
     def _serialize(self, data: Any) -> bytes:
         if not isinstance(data, Message):
             raise TypeError(f"JSONSerializer only handles task messages, not {type(data)}")
-        return json.dumps(list(data), separators=(",", ":")).encode()
+        fields = list(data)
+        if isinstance(fields[self.ETA], datetime.datetime):
+            fields[self.ETA] = fields[self.ETA].isoformat()
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     def _deserialize(self, data: bytes) -> Any:
-        return Message(*json.loads(data))
+        fields = json.loads(data)
+        if isinstance(fields[self.ETA], str):
+            fields[self.ETA] = datetime.datetime.fromisoformat(fields[self.ETA])
+        return Message(*fields)
 
 
 def make_huey(redis_url: str) -> Any:
@@ -51,7 +67,7 @@ def make_huey(redis_url: str) -> Any:
 app = make_huey(redis_url_from_env())
 
 
-def noop() -> None:
+def noop(url: str | None = None) -> None:
     mark_done()
 
 
@@ -60,8 +76,12 @@ def io() -> None:
     mark_done()
 
 
+def late(due: float) -> None:
+    mark_late(due)
+
+
 def _tasks(instance: Any) -> dict[Workload, Any]:
-    return {"noop": instance.task()(noop), "io": instance.task()(io)}
+    return {"noop": instance.task()(noop), "io": instance.task()(io), "late": instance.task()(late)}
 
 
 TASKS = _tasks(app)
@@ -72,6 +92,45 @@ def enqueue(redis_url: str, workload: Workload, n: int) -> None:
     # map() is Huey's bulk call; it still does one LPUSH per task (no pipelining).
     _tasks(sender)[workload].map([()] * n)
     sender.storage.pool.disconnect()
+
+
+class Client:
+    def __init__(self, redis_url: str) -> None:
+        self.huey = make_huey(redis_url)
+        self.tasks = _tasks(self.huey)
+
+    def send_each(self, urls: Sequence[str]) -> None:
+        for url in urls:
+            self.send(url)
+
+    def send(self, url: str) -> None:
+        self.tasks["noop"](url)
+
+    def send_many(self, urls: Sequence[str]) -> None:
+        for chunk in chunks(urls, 1000):
+            self.tasks["noop"].map([(url,) for url in chunk])
+
+    def send_late(self, due: float, delay: float) -> None:
+        self.tasks["late"].schedule(args=(due,), delay=delay)
+
+    def fill(self, n: int) -> None:
+        self.send("http://fill.bench/")
+        storage = self.huey.storage
+        raw = storage.conn.lindex(storage.queue_key, 0)
+        template = raw.decode()
+        old_id = json.loads(template)[0]
+        storage.conn.delete(storage.queue_key)
+        made = copies(template, old_id, n)
+        while batch := list(islice(made, 10_000)):
+            storage.conn.lpush(storage.queue_key, *(data for _, data in batch))
+
+    def dequeue(self, count: int) -> None:
+        for _ in range(count):
+            if self.huey.dequeue() is None:
+                raise RuntimeError("huey: queue ran empty")
+
+    def close(self) -> None:
+        self.huey.storage.pool.disconnect()
 
 
 def _workers(workload: Workload) -> int:
@@ -95,4 +154,12 @@ def config(workload: Workload, processes: int) -> dict[str, object]:
     }
 
 
-PEER = Peer("huey", huey.__version__, enqueue, worker_commands, config)
+NOTES = {
+    "schedule-single": "task(url), one LPUSH each",
+    "schedule-bulk": "TaskWrapper.map, 1,000 a call (still one LPUSH per task)",
+    "lateness": "task.schedule(args, delay=2); consumer's scheduler checks every 1 s "
+    "(--scheduler-interval minimum)",
+    "dequeue": "huey.dequeue() (RPOP + deserialize), one task a call",
+}
+
+PEER = Peer("huey", huey.__version__, enqueue, worker_commands, config, Client, NOTES)
