@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from crawlq.backends import Backend, open_backend
+from crawlq.backends.redis import RedisBackend
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import GroupBy, QueueConfig
 
@@ -66,5 +67,7 @@ async def backend(url: str, clock: ManualClock) -> AsyncIterator[Backend]:
     await opened.ensure_queues(QUEUES)
     try:
         yield opened
+        if isinstance(opened, RedisBackend):
+            assert await opened.check() == []
     finally:
         await opened.close()

@@ -209,3 +209,36 @@ async def test_colliding_digests_pass_the_random_model(
     from .test_conformance import test_frontier_matches_a_simple_model_under_random_operations
 
     await test_frontier_matches_a_simple_model_under_random_operations(colliding, clock)
+
+
+async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) -> None:
+    """`check()` is what the other tests trust (conftest runs it after every Redis test), so
+    it must see damage: each corruption below is reported."""
+    from crawlq.backends.redis import RedisBackend
+
+    backend = open_backend(f"{redis_server.url}?namespace=damage")
+    assert isinstance(backend, RedisBackend)
+    await backend.open()
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await backend.ensure_queues([config("pages")])
+        await schedule(backend, "pages", [url("a.test", i) for i in range(3)])
+        await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
+        await claim(backend, limit=1)
+        assert await backend.check() == []
+        q = "{damage}:q:5:pages:"
+        damages = [
+            (lambda: client.hincrby(q + "n", "1", 1), "count of state 1"),
+            (lambda: client.zadd(q + "d", {b"x" * 8: 1}), "delayed set"),
+            (lambda: client.zpopmax(q + "r:a.test"), "sub-queue"),
+            (lambda: client.delete("{damage}:leases"), "lease"),
+            (lambda: client.hincrby("{damage}:g:a.test", "r", 1), "group a.test"),
+            (lambda: client.delete(q + "fr"), "frontier row"),
+        ]
+        for damage, expected in damages:
+            damage()
+            problems = await backend.check()
+            assert any(expected in p for p in problems), (expected, problems)
+    finally:
+        client.close()
+        await backend.close()

@@ -39,6 +39,7 @@ from ...types import (
 )
 from ...wakeup import Listener
 from ..sqlite.engine import merge
+from .check import check
 from .globs import lua_pattern
 from .listener import RedisListener
 from .scripts import register
@@ -428,6 +429,10 @@ class RedisBackend:
                 )
             )
         return stats
+
+    async def check(self) -> list[str]:
+        """Every broken internal invariant (empty when consistent); run on a quiet queue."""
+        return await check(self.client, self.prefix, self.now())
 
     # -- dead letters -------------------------------------------------------------------------
 
