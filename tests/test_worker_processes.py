@@ -310,8 +310,10 @@ def test_a_redis_restart_mid_run_loses_no_element(tmp_path: Path, kill: bool) ->
             with app:
                 app.schedule_many("hold", later)
             wait_for(
-                lambda: {e["element"]["n"] for e in env.events() if e["event"] == "end"}
-                >= set(range(400)),
+                lambda: (
+                    {e["element"]["n"] for e in env.events() if e["event"] == "end"}
+                    >= set(range(400))
+                ),
                 timeout=90,
                 what="every element to run",
             )
