@@ -77,6 +77,23 @@ async def test_failures_retry_with_backoff_then_die_with_the_traceback(app: App)
     assert "raise ValueError" in letter.traceback
 
 
+async def test_a_permanent_failure_is_dead_lettered_at_once(app: App) -> None:
+    attempts: list[int] = []
+
+    @app.task(group=None, retry=FAST_RETRY)
+    async def gone(ctx: Context, n: int) -> None:
+        attempts.append(ctx.attempt)
+        raise crawlq.Permanent(f"404 for page {n}")
+
+    await app.aschedule(gone, 3)
+    stats = await run_burst(app)
+    (letter,) = await (await app.backend()).dead_letters("gone")
+    await app.aclose()
+    assert attempts == [1]
+    assert (stats.failed, stats.dead) == (1, 1)
+    assert (letter.attempts, letter.error) == (1, "Permanent: 404 for page 3")
+
+
 async def test_a_task_that_recovers_is_done(app: App) -> None:
     @app.task(group=None, retry=FAST_RETRY)
     async def recovers(ctx: Context, n: int) -> None:

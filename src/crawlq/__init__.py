@@ -20,6 +20,7 @@ from .errors import (
     ConfigError,
     CrawlqError,
     InvalidElement,
+    Permanent,
     UnknownQueue,
 )
 from .retry import Retry
@@ -39,6 +40,7 @@ __all__ = [
     "CrawlqError",
     "InvalidElement",
     "Limit",
+    "Permanent",
     "Retry",
     "ScheduleResult",
     "SyncContext",

@@ -6,7 +6,8 @@
     │   ├── BackendUnavailable      cannot be reached or opened
     │   └── BackendCorrupt          not a crawlq database, or damaged
     ├── UnknownQueue                no task or stored queue has this name
-    └── InvalidElement              not JSON, too large, or an unusable URL
+    ├── InvalidElement              not JSON, too large, or an unusable URL
+    └── Permanent                   raised by a task: retrying cannot help, dead-letter it now
 
 Every error carries the context it is about (queue, element, URL) in its message.
 """
@@ -50,3 +51,8 @@ class InvalidElement(CrawlqError):
         super().__init__(f"invalid element{where}: {reason}")
         self.queue = queue
         self.reason = reason
+
+
+class Permanent(CrawlqError):
+    """Raised by a task when retrying cannot help (a 404, a page too large): the element goes
+    to the dead letters at once, with this message as its error."""
