@@ -1,0 +1,171 @@
+"""Verifies every internal invariant of a Redis namespace; for tests and `crawlq check`.
+
+Reads the whole namespace (redis-py's asyncio client, typed Any: its hash commands are typed
+"awaitable or value"), so run it on a quiet queue (workers stopped): a change made while
+it reads can show up as a false alarm, never hide a real one for long.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from typing import Any
+
+import msgpack
+
+NEVER = 1e300
+DELAYED, READY, RUNNING = 0, 1, 2
+# Record fields (lua/common.lua, REC), zero-based.
+ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER = range(9)
+KEY = 12
+RANK_SIZE = 16
+
+
+def _rank(rec: list[Any]) -> bytes:
+    return struct.pack(">d", max(0.0, float(rec[DUE]))) + struct.pack(">d", float(rec[ID]))
+
+
+def _lease_member(queue: str, field: bytes) -> bytes:
+    name = queue.encode()
+    return str(len(name)).encode() + b":" + name + field
+
+
+def _gate(group: dict[bytes, bytes]) -> float:
+    concurrency = group.get(b"c")
+    running = int(group.get(b"r", 0))
+    if concurrency is not None and running >= int(concurrency):
+        return NEVER
+    at = 0.0
+    if b"ls" in group:
+        at = float(group[b"ls"]) + float(group.get(b"i", 0))
+    return max(at, float(group.get(b"bu", 0)))
+
+
+async def check(client: Any, prefix: str, now: float) -> list[str]:
+    """Every broken invariant, as a sentence; empty when the namespace is consistent."""
+    problems: list[str] = []
+    queues = [name.decode() for name in await client.hkeys(prefix + "queues")]
+    groups = {
+        g.decode(): await client.hgetall(prefix + "g:" + g.decode())
+        for g in await client.smembers(prefix + "groups")
+    }
+    leases = dict(await client.zrange(prefix + "leases", 0, -1, withscores=True))
+    queued_by_group: Counter[str] = Counter()
+    running_by_group: Counter[str] = Counter()
+    running_by_worker: Counter[str] = Counter()
+    seen_leases: set[bytes] = set()
+
+    def key(queue: str, kind: str) -> str:
+        return f"{prefix}q:{len(queue.encode())}:{queue}:{kind}"
+
+    for queue in queues:
+        records = await client.hgetall(key(queue, "e"))
+        delayed = dict(await client.zrange(key(queue, "d"), 0, -1, withscores=True))
+        counts = {int(k): int(v) for k, v in (await client.hgetall(key(queue, "n"))).items()}
+        state_counts: Counter[int] = Counter()
+        ready_members: dict[str, set[bytes]] = {}
+        for field, raw in records.items():
+            rec = msgpack.unpackb(raw, raw=False)
+            state, group = rec[STATE], rec[GROUP]
+            state_counts[state] += 1
+            where = f"{queue}/{rec[KEY]}"
+            if len(field) != 8 and field[8:].decode() != rec[KEY]:
+                problems.append(f"{where}: field does not match its key")
+            if state == DELAYED:
+                if delayed.get(field) != float(rec[DUE]):
+                    problems.append(f"{where}: delayed but not in the delayed set at its due time")
+            elif state == READY:
+                ready_members.setdefault(group, set()).add(_rank(rec) + field)
+            elif state == RUNNING:
+                member = _lease_member(queue, field)
+                seen_leases.add(member)
+                if leases.get(member) != float(rec[LEASE]):
+                    problems.append(f"{where}: running but its lease is not in the lease set")
+                if rec[WORKER]:
+                    running_by_worker[rec[WORKER]] += 1
+            else:
+                problems.append(f"{where}: unknown state {state}")
+            if state in (DELAYED, READY):
+                queued_by_group[group] += 1
+            elif state == RUNNING:
+                running_by_group[group] += 1
+        if len(delayed) != state_counts[DELAYED]:
+            problems.append(
+                f"{queue}: {len(delayed)} in the delayed set, "
+                f"{state_counts[DELAYED]} delayed records"
+            )
+        for state in (DELAYED, READY, RUNNING):
+            if counts.get(state, 0) != state_counts[state]:
+                problems.append(
+                    f"{queue}: count of state {state} is {counts.get(state, 0)}, "
+                    f"records say {state_counts[state]}"
+                )
+        dead = await client.hlen(key(queue, "x"))
+        if counts.get(3, 0) != dead or await client.zcard(key(queue, "xo")) != dead:
+            problems.append(f"{queue}: dead count {counts.get(3, 0)}, {dead} dead letters")
+        problems += await _check_frontier(client, queue, key, ready_members, groups, now)
+    for member in set(leases) - seen_leases:
+        problems.append(f"lease {member!r} belongs to no running element")
+    for name, group in groups.items():
+        if (
+            int(group.get(b"q", 0)) != queued_by_group[name]
+            or int(group.get(b"r", 0)) != running_by_group[name]
+        ):
+            problems.append(
+                f"group {name}: counts queued {int(group.get(b'q', 0))} "
+                f"running {int(group.get(b'r', 0))}, "
+                f"elements say {queued_by_group[name]} and {running_by_group[name]}"
+            )
+    counted = {
+        w.decode(): int(n) for w, n in (await client.hgetall(prefix + "wrun")).items() if int(n)
+    }
+    if counted != dict(running_by_worker):
+        problems.append(f"running per worker {counted}, elements say {dict(running_by_worker)}")
+    return problems
+
+
+async def _check_frontier(
+    client: Any,
+    queue: str,
+    key: Any,
+    ready_members: dict[str, set[bytes]],
+    groups: dict[str, dict[bytes, bytes]],
+    now: float,
+) -> list[str]:
+    problems = []
+    rows = {g.decode(): m for g, m in (await client.hgetall(key(queue, "fr"))).items()}
+    active = dict(await client.zrange(key(queue, "fa"), 0, -1, withscores=True))
+    waiting = {
+        g.decode(): s for g, s in await client.zrange(key(queue, "fw"), 0, -1, withscores=True)
+    }
+    sub_queues = {}
+    for group, members in ready_members.items():
+        stored = await client.zrange(key(queue, "r:" + group), 0, -1, withscores=True)
+        if {m for m, _ in stored} != members:
+            problems.append(f"{queue}/{group}: sub-queue does not hold exactly its ready elements")
+        sub_queues[group] = stored
+    for group in set(rows) | set(sub_queues) | set(waiting):
+        stored = sub_queues.get(group, [])
+        row = rows.get(group)
+        where = f"{queue}/{group or '(no group)'}"
+        if not stored:
+            if row is not None or group in waiting:
+                problems.append(f"{where}: a frontier row for an empty sub-queue")
+            continue
+        if row is None:
+            problems.append(f"{where}: ready elements but no frontier row")
+            continue
+        gate = _gate(groups.get(group, {})) if group else 0.0
+        head, score = stored[0]
+        if row:
+            if row != head[:RANK_SIZE] + group.encode() or active.get(row) != score:
+                problems.append(f"{where}: active row does not show its head")
+            if gate > now:
+                problems.append(f"{where}: active while its group is closed until {gate}")
+            if group in waiting:
+                problems.append(f"{where}: both active and waiting")
+        elif waiting.get(group) != gate:
+            problems.append(f"{where}: waiting for {waiting.get(group)}, its gate is {gate}")
+    if len(active) != sum(1 for m in rows.values() if m):
+        problems.append(f"{queue}: active rows and the row index disagree")
+    return problems
