@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -46,11 +47,29 @@ def _limit_text(limit: Limit) -> str:
 @click.option(
     "--groups", "group_count", default=10, show_default=True, help="Busiest groups shown."
 )
+@click.option("--watch", is_flag=True, help="Redraw live until Ctrl-C.")
+@click.option(
+    "--interval", default=1.0, show_default=True, help="Seconds between redraws with --watch."
+)
+@click.option("--count", type=int, default=None, help="With --watch: stop after this many redraws.")
 @app_option
 @backend_option
-def stats(as_json: bool, group_count: int, app_spec: str | None, backend_url: str | None) -> None:
-    """Queues, their busiest groups, and live workers."""
+def stats(
+    as_json: bool,
+    group_count: int,
+    watch: bool,
+    interval: float,
+    count: int | None,
+    app_spec: str | None,
+    backend_url: str | None,
+) -> None:
+    """Queues, their busiest groups, and live workers (--watch: live)."""
     _, url = resolve_url(app_spec, backend_url)
+    if watch:
+        if as_json:
+            raise click.UsageError("--watch and --json exclude each other")
+        _watch(url, group_count, finite(interval, "--interval"), count)
+        return
 
     async def main() -> tuple[list[QueueStats], list[GroupStats], list[WorkerInfo], float]:
         async with connected(url) as backend:
@@ -111,6 +130,17 @@ def stats(as_json: bool, group_count: int, app_spec: str | None, backend_url: st
         if workers
         else "no live workers"
     )
+
+
+def _watch(url: str, group_count: int, interval: float, count: int | None) -> None:
+    from ..observe.terminal import watch
+
+    async def main() -> None:
+        async with connected(url) as backend:
+            await watch(backend, groups=group_count, interval=interval, iterations=count)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        run(main)
 
 
 @click.group(cls=Group)

@@ -11,6 +11,7 @@ import click
 
 from ..app import App
 from ..identity import parse_json
+from ..observe.logs import configure as configure_logging
 from ..types import JSON, ScheduleResult
 from ..worker import DEFAULT_CONCURRENCY, Worker, supervise
 from .common import (
@@ -25,6 +26,7 @@ from .common import (
     setup_logging,
 )
 from .crawl import crawl
+from .dashboard import dashboard
 from .inspect import dead, limits, stats
 
 
@@ -200,6 +202,55 @@ cli.add_command(stats)
 cli.add_command(dead)
 cli.add_command(limits)
 cli.add_command(crawl)
+cli.add_command(dashboard)
+
+
+def _log_format_option(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    os.environ["CRAWLQ_LOG_FORMAT"] = value  # worker processes started from here inherit it
+    ctx.meta["crawlq.log_format"] = value
+    return value
+
+
+def _observable(command: click.Command) -> None:
+    """Gives `command` (and every subcommand) --log-level and --log-format, and sets logging
+    up before it runs."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _observable(sub)
+        return
+    names = {p.name for p in command.params}
+    if "log_level" not in names:
+        log_level_option(command)
+    command.params.append(
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(["text", "json"]),
+            default="text",
+            envvar="CRAWLQ_LOG_FORMAT",
+            show_envvar=True,
+            show_default=True,
+            expose_value=False,
+            callback=_log_format_option,
+            help="Log lines as text, or as JSON lines (task lines name queue, key, attempt,"
+            " group and worker).",
+        )
+    )
+    original = command.callback
+    if original is None:
+        return
+    takes_level = "log_level" in names
+
+    def with_logging(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        level = kwargs["log_level"] if takes_level else kwargs.pop("log_level")
+        configure_logging(level, ctx.meta.get("crawlq.log_format", "text"))
+        return original(*args, **kwargs)
+
+    command.callback = with_logging
+
+
+for _command in cli.commands.values():
+    _observable(_command)
 
 
 def main() -> None:

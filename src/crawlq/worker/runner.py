@@ -23,6 +23,7 @@ from ..app import App
 from ..backends import Backend
 from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
+from ..observe import task_fields, task_scope, worker_metrics
 from ..tasks import Task
 from ..types import Claimed, Failure, WorkerInfo
 from ..wakeup import Listener
@@ -91,6 +92,7 @@ class Worker:
         self._closing = False
         self._flushes = 0
         self._flushing = False
+        self._metrics = worker_metrics()
 
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period."""
@@ -153,9 +155,11 @@ class Worker:
             want = min(free, CLAIM_BATCH)
             flushes = self._flushes
             try:
+                asked = time.perf_counter()
                 result = await backend.claim(
                     self.queues, worker=self.id, limit=want, lease=self.lease
                 )
+                self._metrics.claim_seconds.observe(time.perf_counter() - asked)
             except BackendError as exc:
                 # A backend that went away (Redis restarting): keep running tasks, retry.
                 pause = min(MAX_OUTAGE_PAUSE, outage_pause)
@@ -202,6 +206,10 @@ class Worker:
                 waiter.cancel()
 
     def _start(self, backend: Backend, claimed: Claimed) -> None:
+        self._metrics.claimed.labels(queue=claimed.queue).inc()
+        self._metrics.start_delay_seconds.labels(queue=claimed.queue).observe(
+            max(0.0, claimed.claimed_at - claimed.due)
+        )
         task = asyncio.create_task(
             self._run_one(backend, claimed), name=f"crawlq:{claimed.queue}:{claimed.key[:80]}"
         )
@@ -213,11 +221,29 @@ class Worker:
         self._changed.set()
 
     async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
+        fields = task_fields(
+            queue=claimed.queue,
+            key=claimed.key,
+            attempt=claimed.attempt,
+            group=claimed.group,
+            worker=self.id,
+        )
+        began = time.perf_counter()
+        with task_scope(fields):
+            outcome = await self._run_scoped(backend, claimed)
+        if outcome is not None:
+            self._metrics.tasks.labels(queue=claimed.queue, outcome=outcome).inc()
+            self._metrics.task_seconds.labels(queue=claimed.queue, outcome=outcome).observe(
+                time.perf_counter() - began
+            )
+
+    async def _run_scoped(self, backend: Backend, claimed: Claimed) -> str | None:
+        """Runs one element; its outcome (done, retry, dead), or None if it did not run."""
         task = self.tasks[claimed.queue]
         policy = task.options.retry
         if claimed.attempt > policy.max_attempts:
             self._fail(claimed, "lease expired on the last attempt (worker lost)", "", None)
-            return
+            return "dead"
         deadline = asyncio.timeout(None)
         try:
             element = json.loads(claimed.payload)
@@ -236,20 +262,15 @@ class Worker:
             retry_at = None
             if not isinstance(exc, Permanent) and not policy.exhausted(claimed.attempt):
                 retry_at = backend.now() + policy.delay(claimed.attempt)
-            log.warning(
-                "%s failed (queue=%s key=%s attempt=%d): %s",
-                task.name,
-                claimed.queue,
-                claimed.key[:200],
-                claimed.attempt,
-                error,
-            )
+            log.warning("%s failed: %s", task.name, error)
             self._fail(claimed, error, traceback.format_exc(), retry_at)
+            return "dead" if retry_at is None else "retry"
         else:
             self._acks.append(claimed)
             self.stats.done += 1
             self.stats.by_queue[claimed.queue] = self.stats.by_queue.get(claimed.queue, 0) + 1
             self._flush_wanted.set()
+            return "done"
 
     def _fail(self, claimed: Claimed, error: str, tb: str, retry_at: float | None) -> None:
         self._failures.append(

@@ -1,0 +1,106 @@
+"""`crawlq dashboard`: the web dashboard and `/metrics`, served by uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+import click
+
+from ..errors import ConfigError
+from .common import backend_option, connected, resolve_url, run
+
+log = logging.getLogger("crawlq.dashboard")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@click.command()
+@click.argument("app_spec", metavar="[MODULE:APP]", required=False)
+@backend_option
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; anything but loopback exposes the dashboard to the network.",
+)
+@click.option("--port", default=8080, show_default=True, help="Port (0: any free port).")
+@click.option(
+    "--token",
+    envvar="CRAWLQ_DASHBOARD_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="Require this token on every page, action and /metrics (prefer the env variable).",
+)
+@click.option(
+    "--cache",
+    default=1.0,
+    show_default=True,
+    help="Seconds a backend read is reused by every page and /metrics (0: none).",
+)
+def dashboard(
+    app_spec: str | None,
+    backend_url: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    cache: float,
+) -> None:
+    """Serve the web dashboard and /metrics for a backend (or MODULE:APP's)."""
+    import uvicorn
+
+    from ..observe.dashboard import LOOPBACK_HOSTS, Dashboard
+
+    _, url = resolve_url(app_spec, backend_url)
+    if not is_loopback(host) and not token:
+        click.echo(
+            f"warning: serving on {host} without --token: anyone who can reach it can re-queue "
+            "and purge dead letters",
+            err=True,
+        )
+    sock = _bind(host, port)
+    bound = sock.getsockname()[1]
+
+    async def main() -> None:
+        async with connected(url) as backend:
+            board = Dashboard(backend, token=token, ttl=cache)
+            allowed = [*LOOPBACK_HOSTS] if is_loopback(host) else None
+            config = uvicorn.Config(
+                board.app(allowed_hosts=allowed),
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+            )
+            server = uvicorn.Server(config)
+            shown = f"[{host}]" if ":" in host else host
+            click.echo(f"crawlq dashboard on http://{shown}:{bound}/")
+            log.info("dashboard for %s on %s:%d", backend.url, host, bound)
+            await server.serve(sockets=[sock])
+
+    try:
+        run(main)
+    finally:
+        sock.close()

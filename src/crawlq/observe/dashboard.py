@@ -1,0 +1,337 @@
+"""The web dashboard: an ASGI app (Starlette) over one backend.
+
+Pages: queues (counts and a chart of the last minutes), groups (who is throttled and why),
+workers, dead letters (re-queue and purge, each confirmed) and one element. Each page's live
+part reloads itself from ``?fragment=1`` every couple of seconds, without reloading the page.
+`/metrics` serves the Prometheus text format; `/api/stats` the numbers of `crawlq stats
+--json`. The guard (security.py) checks the token and CSRF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..backends import Backend
+from ..backends.redis.backend import redact
+from ..errors import CrawlqError, UnknownQueue
+from ..types import GroupStats
+from .metrics import exposition, throttle_reason
+from .observer import Observer, rates
+from .security import MAX_FORM_BYTES, Guard, GuardMiddleware
+
+HERE = Path(__file__).parent
+DEAD_PAGE = 50
+#: Dead letters the element page looks through for a key (the backend has no lookup by key).
+ELEMENT_DEAD_SCAN = 500
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+REFRESH_MS = 1500
+#: Pages without a part that updates itself.
+STATIC_PAGES = ("confirm.html", "element.html")
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _clock(moment: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
+
+
+def _until(moment: float | None, now: float) -> str:
+    if moment is None or moment <= now:
+        return "now"
+    return f"in {_age(moment - now)}"
+
+
+def _limit(group: GroupStats) -> str:
+    at_once = "unlimited" if group.limit.concurrency is None else str(group.limit.concurrency)
+    return f"{at_once} at once, {group.limit.interval:g}s apart"
+
+
+def _why(group: GroupStats, now: float) -> str:
+    reason = throttle_reason(group, now)
+    if reason == "blocked":
+        return f"blocked: {group.block_reason or 'no reason given'}"
+    if reason == "full":
+        return "full: every slot in flight"
+    if reason == "interval":
+        return "interval: waiting between starts"
+    return "-"
+
+
+def sparkline(values: list[float], width: int = 160, height: int = 32) -> str:
+    """SVG polyline points for `values`, scaled to the box."""
+    if not values:
+        return ""
+    top = max(values) or 1.0
+    step = width / max(1, len(values) - 1)
+    return " ".join(
+        f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}" for i, v in enumerate(values)
+    )
+
+
+def glob_for(search: str) -> str:
+    """A search box's text as a glob: itself if it has glob characters, else *text*."""
+    search = search.strip()
+    if not search:
+        return "*"
+    if any(c in search for c in "*?["):
+        return search
+    return f"*{search}*"
+
+
+class Dashboard:
+    """Request handlers over one Observer; `app()` builds the ASGI app."""
+
+    def __init__(self, backend: Backend, *, token: str | None = None, ttl: float = 1.0) -> None:
+        self.backend = backend
+        self.observer = Observer(backend, ttl=ttl)
+        self.guard = Guard(token)
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+        )
+        self.templates.globals.update(
+            age=_age, clock=_clock, until=_until, limit=_limit, why=_why, refresh=REFRESH_MS
+        )
+
+    def app(self, *, allowed_hosts: list[str] | None = None) -> Starlette:
+        middleware = [Middleware(GuardMiddleware, guard=self.guard)]
+        if allowed_hosts:
+            middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
+        routes = [
+            Route("/", self.queues_page),
+            Route("/groups", self.groups_page),
+            Route("/workers", self.workers_page),
+            Route("/dead", self.dead_page),
+            Route("/dead/requeue", self.dead_action, methods=["POST"]),
+            Route("/dead/purge", self.dead_action, methods=["POST"]),
+            Route("/element", self.element_page),
+            Route("/metrics", self.metrics),
+            Route("/api/stats", self.api_stats),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        await self.observer.start()
+        try:
+            yield
+        finally:
+            await self.observer.stop()
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render(self, request: Request, name: str, **context: Any) -> HTMLResponse:
+        fragment = request.query_params.get("fragment") == "1"
+        session = request.scope.get("state", {}).get("session", "")
+        live = request.url.path + "?" + urlencode({**request.query_params, "fragment": "1"})
+        page = self.templates.get_template(name).render(
+            request=request,
+            fragment=fragment,
+            live_url=live,
+            live=name not in STATIC_PAGES,
+            csrf=self.guard.csrf_for(session),
+            backend_url=redact(self.backend.url),
+            **context,
+        )
+        return HTMLResponse(page, headers={"cache-control": "no-store"})
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    async def queues_page(self, request: Request) -> Response:
+        queues = await self.observer.queues()
+        workers = await self.observer.workers()
+        now = self.backend.now()
+        rows = []
+        for q in queues:
+            series = self.observer.series(q.name)
+            rows.append(
+                {
+                    "stats": q,
+                    "total_line": sparkline([float(s.total) for _, s in series]),
+                    "running_line": sparkline([float(s.running) for _, s in series]),
+                    "span": _age(series[-1][0] - series[0][0]) if len(series) > 1 else "",
+                    "rates": rates(series),
+                }
+            )
+        return self._render(
+            request, "queues.html", rows=rows, workers=workers, now=now, page="queues"
+        )
+
+    async def groups_page(self, request: Request) -> Response:
+        search = request.query_params.get("q", "")
+        groups = await self.observer.groups(glob_for(search))
+        now = self.backend.now()
+        throttled = sum(1 for g in groups if throttle_reason(g, now) is not None)
+        return self._render(
+            request,
+            "groups.html",
+            groups=groups,
+            search=search,
+            now=now,
+            throttled=throttled,
+            page="groups",
+        )
+
+    async def workers_page(self, request: Request) -> Response:
+        workers = await self.observer.workers()
+        return self._render(
+            request, "workers.html", workers=workers, now=self.backend.now(), page="workers"
+        )
+
+    async def dead_page(self, request: Request) -> Response:
+        queues = await self.observer.queues()
+        queue = request.query_params.get("queue") or next(
+            (q.name for q in queues if q.dead), queues[0].name if queues else ""
+        )
+        offset = max(0, _int(request.query_params.get("offset"), 0))
+        letters = []
+        if queue:
+            try:
+                letters = await self.observer.dead_letters(queue, limit=DEAD_PAGE, offset=offset)
+            except UnknownQueue:
+                queue = ""
+        return self._render(
+            request,
+            "dead.html",
+            queues=queues,
+            queue=queue,
+            letters=letters,
+            offset=offset,
+            page_size=DEAD_PAGE,
+            message=request.query_params.get("message", ""),
+            page="dead",
+        )
+
+    async def dead_action(self, request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return Response("form too large", status_code=413)
+        form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        if not self.guard.csrf_ok(request.scope, form):
+            return Response(
+                "refused: missing or wrong CSRF token (reload the page and try again)",
+                status_code=403,
+            )
+        action = "requeue" if request.url.path.endswith("requeue") else "purge"
+        queue = form.get("queue", "")
+        everything = form.get("all") == "1"
+        key = form.get("key", "")
+        if not queue or not (everything or key):
+            return Response("name a queue, and a key or all=1", status_code=400)
+        if form.get("confirm") != "yes":
+            return self._render(
+                request,
+                "confirm.html",
+                action=action,
+                queue=queue,
+                key=key,
+                everything=everything,
+                page="dead",
+            )
+        keys = None if everything else [key]
+        try:
+            if action == "requeue":
+                count = await self.backend.requeue_dead(queue, keys)
+            else:
+                count = await self.backend.purge_dead(queue, keys)
+        except CrawlqError as exc:
+            return Response(html.escape(str(exc)), status_code=400)
+        done = "re-queued" if action == "requeue" else "purged"
+        message = f"{done} {count} dead element{'s' if count != 1 else ''} of {queue}"
+        query = urlencode({"queue": queue, "message": message})
+        return RedirectResponse(f"/dead?{query}", status_code=303)
+
+    async def element_page(self, request: Request) -> Response:
+        queues = await self.observer.queues()
+        queue = request.query_params.get("queue", "")
+        key = request.query_params.get("key", "")
+        letter = None
+        looked = 0
+        error = ""
+        if queue and key:
+            try:
+                found = await self.backend.dead_letters(queue, limit=ELEMENT_DEAD_SCAN)
+            except UnknownQueue as exc:
+                error = str(exc)
+                found = []
+            looked = len(found)
+            letter = next((d for d in found if d.key == key), None)
+        group = None
+        if letter is not None and letter.group:
+            group = next((g for g in await self.backend.group_stats(letter.group, limit=1)), None)
+        return self._render(
+            request,
+            "element.html",
+            queues=queues,
+            queue=queue,
+            key=key,
+            letter=letter,
+            looked=looked,
+            scan=ELEMENT_DEAD_SCAN,
+            group=group,
+            error=error,
+            now=self.backend.now(),
+            page="element",
+        )
+
+    # -- machine-readable ----------------------------------------------------------------------
+
+    async def metrics(self, request: Request) -> Response:
+        snapshot = await self.observer.snapshot()
+        return Response(
+            exposition(snapshot),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+            headers={"cache-control": "no-store"},
+        )
+
+    async def api_stats(self, request: Request) -> Response:
+        snapshot = await self.observer.snapshot()
+        return JSONResponse(
+            {
+                "queues": [dataclasses.asdict(q) for q in snapshot.queues],
+                "groups": [_group_json(g) for g in snapshot.groups],
+                "workers": [
+                    {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"}
+                    for w in snapshot.workers
+                ],
+                "now": snapshot.at,
+            },
+            headers={"cache-control": "no-store"},
+        )
+
+
+def _group_json(group: GroupStats) -> dict[str, Any]:
+    found = dataclasses.asdict(group)
+    found["limit"] = dataclasses.asdict(group.limit)
+    return found
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default

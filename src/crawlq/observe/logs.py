@@ -1,0 +1,121 @@
+"""Structured logs: every line logged while a task runs names its queue, element key, attempt,
+group and worker, as text or as JSON lines.
+
+The worker enters :func:`task_scope` around each task; a filter on the handler copies the
+scope's fields onto every record logged inside it, the task's own log lines included (async
+tasks; a sync task sees them when its thread runs in a copy of the task's context).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+#: The fields a task's log lines carry, in the order text lines show them.
+TASK_FIELDS = ("queue", "key", "attempt", "group", "worker")
+KEY_LIMIT = 200
+
+_scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "crawlq_task_scope", default=None
+)
+
+
+def safe_key(key: str) -> str:
+    """An element key fit for a log: a URL's user and password are dropped, length capped."""
+    if "@" in key and "://" in key:
+        try:
+            parts = urlsplit(key.strip('"'))
+        except ValueError:
+            parts = None
+        if parts is not None and parts.hostname and "@" in parts.netloc:
+            host = parts.netloc.rpartition("@")[2]
+            key = key.replace(parts.geturl(), urlunsplit(parts._replace(netloc=f"***@{host}")))
+    return key if len(key) <= KEY_LIMIT else key[: KEY_LIMIT - 1] + "…"
+
+
+def task_fields(*, queue: str, key: str, attempt: int, group: str, worker: str) -> dict[str, Any]:
+    return {
+        "queue": queue,
+        "key": safe_key(key),
+        "attempt": attempt,
+        "group": group or None,
+        "worker": worker,
+    }
+
+
+@contextmanager
+def task_scope(fields: dict[str, Any]) -> Iterator[None]:
+    """Every record logged inside carries `fields` (see :func:`task_fields`)."""
+    token = _scope.set(fields)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+class TaskFieldsFilter(logging.Filter):
+    """Copies the running task's fields onto a record that does not carry them already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _scope.get()
+        if fields:
+            for name, value in fields.items():
+                if not hasattr(record, name):
+                    setattr(record, name, value)
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        named = [f"{n}={getattr(record, n)}" for n in TASK_FIELDS if hasattr(record, n)]
+        if not named:
+            return line
+        head, sep, rest = line.partition("\n")
+        return f"{head} [{' '.join(named)}]{sep}{rest}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the task fields, any traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in TASK_FIELDS:
+            if hasattr(record, name):
+                entry[name] = getattr(record, name)
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure(level: str = "warning", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Sets up the root logger once per process: the level, and text or JSON-lines output."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(TaskFieldsFilter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_crawlq", False)]:
+        root.removeHandler(old)
+    handler._crawlq = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level.upper())

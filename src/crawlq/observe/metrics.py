@@ -1,0 +1,213 @@
+"""Prometheus metrics: what workers measure, and what the backend counts.
+
+Two sources, one `/metrics` page (served by `crawlq dashboard`):
+
+- **from the backend**, read at scrape time (a few rows at any queue size): per-queue element
+  counts by state, the busiest groups' backlog, in-flight count and throttling, live
+  workers. Right across every machine, since every worker writes to the one backend.
+- **from worker processes**: claim latency, task duration and outcomes, start delay, fetch
+  status codes and bytes. Kept in prometheus-client's multi-process mode: with
+  ``PROMETHEUS_MULTIPROC_DIR`` set for the workers and the dashboard on one machine, each
+  worker process writes its values to files there and `/metrics` adds them up. Without it,
+  each process keeps its own values.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from ..types import GroupStats, QueueStats, WorkerInfo
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMetrics:
+    """The metrics a worker process updates. One set a process: see :func:`worker_metrics`."""
+
+    claim_seconds: Histogram
+    claimed: Counter
+    task_seconds: Histogram
+    tasks: Counter
+    start_delay_seconds: Histogram
+    fetch_responses: Counter
+    fetch_bytes: Counter
+
+    def record_fetch(self, status: int, size: int) -> None:
+        """For fetching code: one response of HTTP `status` and `size` body bytes."""
+        self.fetch_responses.labels(status=str(status)).inc()
+        self.fetch_bytes.inc(size)
+
+
+@functools.cache
+def worker_metrics() -> WorkerMetrics:
+    """This process's worker metrics, made on first use and never registered globally (the
+    values live in the process, or in the multi-process folder when it is set)."""
+    return WorkerMetrics(
+        claim_seconds=Histogram(
+            "crawlq_claim_seconds",
+            "Time one claim call on the backend took.",
+            buckets=CLAIM_BUCKETS,
+            registry=None,
+        ),
+        claimed=Counter(
+            "crawlq_claimed_elements",
+            "Elements claimed, by queue.",
+            ["queue"],
+            registry=None,
+        ),
+        task_seconds=Histogram(
+            "crawlq_task_seconds",
+            "Run time of a task, by queue and outcome (done, retry, dead).",
+            ["queue", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=None,
+        ),
+        tasks=Counter(
+            "crawlq_tasks",
+            "Finished task runs, by queue and outcome (done, retry, dead).",
+            ["queue", "outcome"],
+            registry=None,
+        ),
+        start_delay_seconds=Histogram(
+            "crawlq_start_delay_seconds",
+            "Time from an element's due time to its claim, by queue.",
+            ["queue"],
+            buckets=DURATION_BUCKETS,
+            registry=None,
+        ),
+        fetch_responses=Counter(
+            "crawlq_fetch_responses",
+            "HTTP responses fetched, by status code.",
+            ["status"],
+            registry=None,
+        ),
+        fetch_bytes=Counter(
+            "crawlq_fetch_bytes",
+            "Body bytes fetched.",
+            registry=None,
+        ),
+    )
+
+
+def multiprocess_dir() -> str | None:
+    folder = os.environ.get(MULTIPROC_ENV)
+    return folder if folder and os.path.isdir(folder) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the backend said at one moment; the dashboard and `/metrics` share it."""
+
+    at: float
+    queues: Sequence[QueueStats]
+    groups: Sequence[GroupStats]
+    workers: Sequence[WorkerInfo]
+
+
+def backend_families(snapshot: Snapshot) -> list[Metric]:
+    """Gauges of one snapshot of the backend."""
+    now = snapshot.at
+    by_state = GaugeMetricFamily(
+        "crawlq_queue_elements", "Elements in a queue, by state.", labels=["queue", "state"]
+    )
+    totals = GaugeMetricFamily(
+        "crawlq_queue_total", "Elements queued, delayed or running.", labels=["queue"]
+    )
+    for q in snapshot.queues:
+        totals.add_metric([q.name], q.total)
+        for state in ("due", "delayed", "running", "dead"):
+            by_state.add_metric([q.name, state], getattr(q, state))
+    queued = GaugeMetricFamily(
+        "crawlq_group_queued", "Elements waiting in a group (busiest groups).", labels=["group"]
+    )
+    running = GaugeMetricFamily(
+        "crawlq_group_running", "Elements of a group in flight (busiest groups).", labels=["group"]
+    )
+    throttled = GaugeMetricFamily(
+        "crawlq_group_throttled",
+        "1 while a group cannot start an element, by reason (blocked, full, interval).",
+        labels=["group", "reason"],
+    )
+    blocked_for = GaugeMetricFamily(
+        "crawlq_group_blocked_seconds",
+        "Seconds until a blocked group may start again.",
+        labels=["group"],
+    )
+    counts = {"blocked": 0, "full": 0, "interval": 0}
+    for g in snapshot.groups:
+        name = g.name or "(none)"
+        queued.add_metric([name], g.queued)
+        running.add_metric([name], g.running)
+        why = throttle_reason(g, now)
+        if why is not None:
+            throttled.add_metric([name, why], 1)
+            counts[why] += 1
+        if g.blocked_until is not None and g.blocked_until > now:
+            blocked_for.add_metric([name], g.blocked_until - now)
+    throttled_groups = GaugeMetricFamily(
+        "crawlq_groups_throttled",
+        "Busiest groups that cannot start an element now, by reason.",
+        labels=["reason"],
+    )
+    for why, n in counts.items():
+        throttled_groups.add_metric([why], n)
+    workers = GaugeMetricFamily("crawlq_workers", "Live worker processes.")
+    workers.add_metric([], len(snapshot.workers))
+    in_flight = GaugeMetricFamily(
+        "crawlq_worker_running", "Elements a worker holds.", labels=["worker"]
+    )
+    for w in snapshot.workers:
+        in_flight.add_metric([w.id], w.running)
+    return [
+        totals,
+        by_state,
+        queued,
+        running,
+        throttled,
+        blocked_for,
+        throttled_groups,
+        workers,
+        in_flight,
+    ]
+
+
+def throttle_reason(group: GroupStats, now: float) -> str | None:
+    """Why a group cannot start an element now, or None if it can."""
+    if group.blocked_until is not None and group.blocked_until > now:
+        return "blocked"
+    if group.limit.concurrency is not None and group.running >= group.limit.concurrency:
+        return "full"
+    if group.next_start is not None and group.next_start > now:
+        return "interval"
+    return None
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def exposition(snapshot: Snapshot) -> bytes:
+    """The `/metrics` page: the backend's gauges, plus every worker process's values when a
+    multi-process folder is set."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(backend_families(snapshot)))
+    folder = multiprocess_dir()
+    if folder is not None:
+        MultiProcessCollector(registry, path=folder)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)

@@ -1,0 +1,196 @@
+"""The dashboard's guard: an optional access token on every request, a session cookie, and
+CSRF tokens for actions.
+
+With a token set, a request passes with ``Authorization: Bearer <token>`` (for scrapers and
+scripts) or the ``crawlq_token`` cookie. Opening any page with ``?token=<token>`` sets that
+cookie (HttpOnly, SameSite=Strict) and redirects to the same page without the token, so it
+stays out of the address bar and history. Everything else gets 401 and a login form.
+
+Actions are POST forms carrying ``csrf``: an HMAC of the browser's session cookie under a
+secret made at start-up. Another site can make a browser post, but cannot read the token;
+a request whose Origin names another host is refused too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import secrets
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+TOKEN_COOKIE = "crawlq_token"
+SESSION_COOKIE = "crawlq_session"
+LOGIN_PATH = "/login"
+MAX_FORM_BYTES = 64 * 1024
+
+
+def cookies(scope: Scope) -> dict[str, str]:
+    jar: SimpleCookie = SimpleCookie()
+    for name, value in scope.get("headers", []):
+        if name == b"cookie":
+            try:
+                jar.load(value.decode("latin-1"))
+            except Exception:
+                continue
+    return {key: morsel.value for key, morsel in jar.items()}
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def cookie_header(name: str, value: str, *, max_age: int | None = None) -> str:
+    parts = [f"{name}={value}", "Path=/", "HttpOnly", "SameSite=Strict"]
+    if max_age is not None:
+        parts.append(f"Max-Age={max_age}")
+    return "; ".join(parts)
+
+
+class Guard:
+    """Checks the token and keeps a session for CSRF; one instance per dashboard."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token or None
+        self.secret = secrets.token_bytes(32)
+
+    def csrf_for(self, session: str) -> str:
+        return hmac.new(self.secret, session.encode(), hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, scope: Scope, form: dict[str, str]) -> bool:
+        session = scope.get("state", {}).get("session", "")
+        given = form.get("csrf", "")
+        if not session or not given or not hmac.compare_digest(self.csrf_for(session), given):
+            return False
+        origin = header(scope, b"origin")
+        if origin and origin != "null":
+            host = header(scope, b"host") or ""
+            if origin.split("://", 1)[-1] != host:
+                return False
+        return True
+
+    def token_ok(self, candidate: str | None) -> bool:
+        if self.token is None:
+            return True
+        return candidate is not None and hmac.compare_digest(
+            candidate.encode(), self.token.encode()
+        )
+
+    def authorized(self, scope: Scope, jar: dict[str, str]) -> bool:
+        if self.token is None:
+            return True
+        bearer = header(scope, b"authorization")
+        if bearer and bearer.lower().startswith("bearer "):
+            return self.token_ok(bearer[7:].strip())
+        return self.token_ok(jar.get(TOKEN_COOKIE))
+
+
+class GuardMiddleware:
+    """Pure ASGI: every HTTP request passes the guard before reaching the app."""
+
+    def __init__(self, app: ASGIApp, guard: Guard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        jar = cookies(scope)
+        session = jar.get(SESSION_COOKIE)
+        new_session = None
+        if not session or len(session) != 32:
+            session = new_session = secrets.token_hex(16)
+        scope.setdefault("state", {})["session"] = session
+        extra: list[str] = []
+        if new_session:
+            extra.append(cookie_header(SESSION_COOKIE, new_session))
+
+        if self.guard.token is not None:
+            if scope["path"] == LOGIN_PATH and scope["method"] == "POST":
+                await self._login(scope, receive, send, extra)
+                return
+            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+            if "token" in query and scope["method"] == "GET":
+                if self.guard.token_ok(query["token"]):
+                    rest = urlencode({k: v for k, v in query.items() if k != "token"})
+                    location = scope["path"] + (f"?{rest}" if rest else "")
+                    extra.append(cookie_header(TOKEN_COOKIE, self.guard.token))
+                    await self._plain(send, 303, "", extra, location=location)
+                else:
+                    await self._plain(send, 401, login_page("wrong token"), extra)
+                return
+            if not self.guard.authorized(scope, jar):
+                await self._plain(send, 401, login_page(None), extra)
+                return
+
+        async def send_with_cookies(message: Message) -> None:
+            if message["type"] == "http.response.start" and extra:
+                headers = MutableHeaders(scope=message)
+                for value in extra:
+                    headers.append("set-cookie", value)
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookies)
+
+    async def _login(self, scope: Scope, receive: Receive, send: Send, extra: list[str]) -> None:
+        form = await read_form(receive)
+        if form is None or not self.guard.token_ok(form.get("token")):
+            await self._plain(send, 401, login_page("wrong token"), extra)
+            return
+        extra.append(cookie_header(TOKEN_COOKIE, self.guard.token or ""))
+        target = form.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"
+        await self._plain(send, 303, "", extra, location=target)
+
+    async def _plain(
+        self, send: Send, status: int, body: str, extra: list[str], location: str | None = None
+    ) -> None:
+        headers: list[tuple[bytes, bytes]] = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+        ]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="crawlq"'))
+        if location is not None:
+            headers.append((b"location", location.encode("latin-1", "replace")))
+        headers += [(b"set-cookie", value.encode("latin-1")) for value in extra]
+        data = body.encode()
+        headers.append((b"content-length", str(len(data)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+
+async def read_form(receive: Receive) -> dict[str, str] | None:
+    """An urlencoded form body, or None if it is larger than MAX_FORM_BYTES."""
+    body = b""
+    more = True
+    while more:
+        message: dict[str, Any] = dict(await receive())
+        if message["type"] != "http.request":
+            return None
+        body += message.get("body", b"")
+        more = bool(message.get("more_body"))
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+def login_page(error: str | None) -> str:
+    note = f'<p class="error">{html.escape(error)}</p>' if error else ""
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>crawlq: token needed</title>"
+        "</head><body><h1>crawlq dashboard</h1><p>This dashboard needs its access token.</p>"
+        f"{note}<form method='post' action='{LOGIN_PATH}'>"
+        "<input type='password' name='token' autocomplete='current-password' "
+        "aria-label='token'> <button type='submit'>Open</button></form></body></html>"
+    )
