@@ -281,6 +281,8 @@ def redis_configs(results: list[dict[str, Any]]) -> str:
     for workload in order:
         for system in ["crawlq", *NAMES]:
             seen: set[str] = set()
+            if workload in ("noop", "io") and system != "crawlq":
+                continue  # the peers' drain configurations are in the drain table above
             for r in redis:
                 if r.get("workload") != workload or r.get("system") != system:
                     continue
@@ -331,16 +333,17 @@ def render(results: list[dict[str, Any]], when: datetime.datetime) -> str:
             f"Run `{COMMAND}` on {when:%Y-%m-%d %H:%M} UTC; "
             f"{platform.node()}, {platform.machine()}, "
             f"Python {platform.python_version()}, 2 cores. All systems measured in this run, "
-            f"same machine; crawlq on its embedded SQLite file, the peers on one local "
-            f"redis-server. Rates count completions between the first and the last, so worker "
-            f"start-up is left out (benchmarks/common.py).",
+            f"same machine; crawlq on its embedded SQLite file, then crawlq on Redis and the "
+            f"peers on one local redis-server. Rates count completions between the first and "
+            f"the last, so worker start-up is left out (benchmarks/common.py).",
             "",
-            "### crawlq alone",
+            "### crawlq alone, on SQLite",
             "",
             crawlq_table(results),
             "",
             f"### Drain: {NOOP_TASKS:,} no-op tasks, and {IO_TASKS:,} tasks sleeping 50 ms",
             "",
+            "crawlq on SQLite against the peers on Redis. "
             "`x crawlq` is crawlq's rate divided by that system's rate.",
             "",
             drain_table(results),
