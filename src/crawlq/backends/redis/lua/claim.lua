@@ -122,7 +122,10 @@ while #result - 2 < limit do
     local queue, group = best_queue, string.sub(best_member, RANK_SIZE + 1)
     local n = room(group, limit - (#result - 2))
     if n < 1 then
-        refresh_gate(group)  -- an active row of a full group: cannot happen, but never loop
+        -- An active row of a full group cannot happen (gate and room read the same counts);
+        -- should it, the row is set right, and if it stays, the claim ends: never loop.
+        refresh_gate(group)
+        if redis.call('ZSCORE', qkey(queue, 'fa'), best_member) then break end
     else
         local taken = take_run(queue, group, n, second_score,
                                second_member and string.sub(second_member, 1, RANK_SIZE))
