@@ -1,0 +1,110 @@
+"""The observability pieces on their own: log fields and redaction, the log options of every
+command, search globs, throttling reasons."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import click
+import pytest
+
+from crawlq.cli.main import cli
+from crawlq.observe.dashboard import glob_for, sparkline
+from crawlq.observe.logs import configure, safe_key, task_fields, task_scope
+from crawlq.observe.metrics import throttle_reason
+from crawlq.types import GroupStats, Limit
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    stream = io.StringIO()
+    configure("info", "json", stream=stream)
+    try:
+        yield stream
+    finally:
+        for handler in list(root.handlers):
+            if handler not in before:
+                root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def test_lines_logged_inside_a_task_scope_carry_its_fields(captured: io.StringIO) -> None:
+    log = logging.getLogger("tests.units")
+    fields = task_fields(
+        queue="pages", key='"http://a.test/"', attempt=2, group="a.test", worker="w1"
+    )
+    with task_scope(fields):
+        log.info("inside %s", "the task")
+    log.info("outside")
+    inside, outside = (json.loads(line) for line in captured.getvalue().splitlines())
+    assert inside["message"] == "inside the task"
+    assert {k: inside[k] for k in ("queue", "key", "attempt", "group", "worker")} == {
+        "queue": "pages",
+        "key": '"http://a.test/"',
+        "attempt": 2,
+        "group": "a.test",
+        "worker": "w1",
+    }
+    assert outside["message"] == "outside" and "queue" not in outside
+
+
+def test_keys_in_logs_lose_passwords_and_length() -> None:
+    assert safe_key('"https://bob:hunter2@example.org/x"') == '"https://***@example.org/x"'
+    assert "hunter2" not in safe_key("https://bob:hunter2@example.org/")
+    assert safe_key('"http://plain.test/"') == '"http://plain.test/"'
+    assert len(safe_key("x" * 1000)) == 200
+
+
+def _leaves(command: click.Command) -> Iterator[click.Command]:
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            yield from _leaves(sub)
+    else:
+        yield command
+
+
+def test_every_command_takes_log_level_and_log_format() -> None:
+    leaves = list(_leaves(cli))
+    assert len(leaves) >= 12
+    for command in leaves:
+        options = {o for p in command.params for o in getattr(p, "opts", [])}
+        assert {"--log-level", "--log-format"} <= options, command.name
+
+
+def test_search_text_becomes_a_glob() -> None:
+    assert glob_for("") == "*"
+    assert glob_for(" example ") == "*example*"
+    assert glob_for("*.gov") == "*.gov"
+
+
+def test_sparkline_scales_into_its_box() -> None:
+    assert sparkline([]) == ""
+    assert sparkline([0, 5, 10], width=100, height=20) == "0.0,18.0 50.0,10.0 100.0,2.0"
+
+
+def _group(**given: object) -> GroupStats:
+    fields: dict[str, object] = {
+        "name": "a.test",
+        "queued": 3,
+        "running": 0,
+        "limit": Limit(concurrency=2, interval=1.0),
+        "next_start": None,
+        "blocked_until": None,
+        "block_reason": None,
+    }
+    fields.update(given)
+    return GroupStats(**fields)  # type: ignore[arg-type]
+
+
+def test_why_a_group_waits() -> None:
+    now = 1000.0
+    assert throttle_reason(_group(), now) is None
+    assert throttle_reason(_group(blocked_until=1010.0, block_reason="429"), now) == "blocked"
+    assert throttle_reason(_group(blocked_until=990.0), now) is None
+    assert throttle_reason(_group(running=2), now) == "full"
+    assert throttle_reason(_group(next_start=1000.5), now) == "interval"
