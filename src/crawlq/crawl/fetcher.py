@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from .decoding import ACCEPT_ENCODING, decode_content
-from .errors import FetchError, Reason
+from .errors import FetchError, Reason, Throttled
 from .resolver import StaticResolver
 from .response import Response
 from .robots import RobotsCache
@@ -101,6 +102,7 @@ class Fetcher:
         self._sessions: dict[str, Session] = {}
         self._connector: aiohttp.TCPConnector | None = None
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
+        self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
         self.robots = RobotsCache(
             self._fetch_robots, self.settings.user_agent, ttl=self.settings.robots_ttl
         )
@@ -158,10 +160,33 @@ class Fetcher:
                     "Accept-Encoding": ACCEPT_ENCODING,
                 },
                 cookie_jar=aiohttp.CookieJar(),
+                trace_configs=[self._tracing()],
             )
             session = Session(self, client, self._logins.get(domain))
             self._sessions[domain] = session
         return session
+
+    def last_sent(self, host: str) -> float | None:
+        """When (epoch seconds) this fetcher last sent a request to `host`, robots.txt
+        requests included; None if never."""
+        return self._sent.get(host)
+
+    def _tracing(self) -> aiohttp.TraceConfig:
+        """Notes when each request's headers went out: what pacing counts from."""
+        tracing = aiohttp.TraceConfig()
+
+        async def sent(
+            _session: aiohttp.ClientSession,
+            _context: object,
+            params: aiohttp.TraceRequestHeadersSentParams,
+        ) -> None:
+            host = params.url.host
+            if host is not None:
+                self._sent[host.lower()] = time.time()
+
+        tracing.on_request_headers_sent.append(sent)
+        tracing.freeze()
+        return tracing
 
     # -- fetching -------------------------------------------------------------------------
 
@@ -174,22 +199,31 @@ class Fetcher:
         headers: Mapping[str, str] | None = None,
         check: HopCheck | None = None,
         robots: bool | None = None,
+        pace: HopCheck | None = None,
     ) -> Response:
         """Fetches `url`, following redirects: `check` then robots.txt approve each hop
-        first. Raises FetchError with a Reason; a response of any status is returned."""
+        first, and `pace` runs right before each hop is sent (after any robots.txt request
+        it caused). Raises FetchError with a Reason; a response of any status is returned."""
         session = self.session(url)
         login = session.login
         if login is not None:
             await session.ensure_login(None)
         generation = session.generation
-        response = await self.request(
-            session, method, url, data=data, headers=headers, check=check, robots=robots
+        send = functools.partial(
+            self.request,
+            session,
+            method,
+            url,
+            data=data,
+            headers=headers,
+            check=check,
+            robots=robots,
+            pace=pace,
         )
+        response = await send()
         if login is not None and login.expired(response):
             await session.ensure_login(generation)
-            response = await self.request(
-                session, method, url, data=data, headers=headers, check=check, robots=robots
-            )
+            response = await send()
         return response
 
     async def request(
@@ -203,6 +237,7 @@ class Fetcher:
         check: HopCheck | None = None,
         robots: bool | None = None,
         follow: bool = True,
+        pace: HopCheck | None = None,
     ) -> Response:
         """One request through `session` and its redirects; no login handling."""
         use_robots = self.settings.robots if robots is None else robots
@@ -215,7 +250,11 @@ class Fetcher:
                     await check(current)
                 if use_robots:
                     await self.robots.check(current)
+                if pace is not None:
+                    await pace(current)
                 response = await self._send(session.client, method, current, data, headers)
+            except Throttled as exc:
+                raise Throttled(exc.url, exc.until, exc.detail, responses=history) from exc
             except FetchError as exc:
                 raise FetchError(exc.reason, exc.url, exc.detail, responses=history) from exc
             response = _with_history(response, history)

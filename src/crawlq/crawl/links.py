@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from selectolax.lexbor import LexborHTMLParser
 
-from .urls import absolute
+from .urls import absolute, canonicalize, origin_of
 
 SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "ftp:")
 
@@ -29,6 +29,7 @@ def extract(html: str, url: str) -> PageLinks:
     if base_node is not None:
         resolved = absolute(url, base_node.attributes.get("href") or "")
         base = resolved or url
+    base_origin = origin_of(base) if canonicalize(base) == base else None
     nofollow = False
     for meta in tree.css("meta[name]"):
         name = (meta.attributes.get("name") or "").lower()
@@ -43,7 +44,7 @@ def extract(html: str, url: str) -> PageLinks:
             continue
         if "nofollow" in (node.attributes.get("rel") or "").lower():
             continue
-        link = absolute(base, href)
+        link = absolute(base, href, base_origin=base_origin)
         if link is not None and link not in found:
             found.add(link)
             links.append(link)

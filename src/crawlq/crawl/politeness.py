@@ -6,10 +6,18 @@
 
 Blocks carry a reason that `crawlq stats` and `group_stats` show. A worker also remembers
 the blocks it set, so tasks it already claimed for that group do not send requests early.
+
+The queue spaces a group's claims by its interval, but a claim is not the request: the time
+from claim to the request's first byte varies by a few milliseconds, and the robots.txt
+request a host's first page sends is a request too. So a worker also paces the requests it
+sends itself: each waits until the group's interval has passed since the last one this
+worker sent (a few milliseconds as a rule; a wait longer than `MAX_PACING_WAIT` puts the
+page back in the queue as Throttled instead).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +36,14 @@ from .response import Response
 DEFAULT_RETRY_AFTER = 30.0
 #: Nobody is blocked longer than this by one answer, whatever it says.
 MAX_RETRY_AFTER = 24 * 3600.0
+#: A request that would wait longer than this for its group's interval is put back instead.
+MAX_PACING_WAIT = 2.0
+#: Requests are paced this much further apart (a fraction of the interval, at most
+#: MAX_PACING_MARGIN): the time from sending to the server's reading varies by milliseconds.
+PACING_MARGIN = 0.02
+MAX_PACING_MARGIN = 0.01
+#: How long the limit rules read from the backend are trusted before they are read again.
+LIMITS_TTL = 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +106,42 @@ class Politeness:
         self._blocked: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}
+        self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
+        self._limits: list[LimitRule] | None = None
+        self._limits_read = 0.0
+        self._intervals: dict[str, float] = {}
+
+    async def interval(self, group: str) -> float:
+        """The group's interval: its limit rule (read again every LIMITS_TTL seconds), or the
+        Crawl-delay this worker set, whichever is longer."""
+        now = time.monotonic()
+        if self._limits is None or now - self._limits_read > LIMITS_TTL:
+            self._limits = await self.backend.limits()
+            self._limits_read = now
+            self._intervals.clear()
+        interval = self._intervals.get(group)
+        if interval is None:
+            interval = max(resolve(group, self._limits).interval, self._delays.get(group, 0.0))
+            self._intervals[group] = interval
+        return interval
+
+    async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> None:
+        """Waits until `group`'s interval has passed since this worker's last request to it
+        (and `fetcher`'s last one to `url`'s host: robots.txt); Throttled if that is more
+        than MAX_PACING_WAIT away."""
+        interval = await self.interval(group)
+        if interval <= 0:
+            return
+        now = self.clock()
+        last = self._last_sent.get(group, 0.0)
+        if fetcher is not None:
+            last = max(last, fetcher.last_sent(url_host(url)) or 0.0)
+        start = max(now, last + interval + min(MAX_PACING_MARGIN, interval * PACING_MARGIN))
+        if start - now > MAX_PACING_WAIT:
+            raise Throttled(url, start, f"group {group} interval {interval:g}s")
+        self._last_sent[group] = start
+        if start > now:
+            await asyncio.sleep(start - now)
 
     def blocked_until(self, group: str) -> float | None:
         until = self._blocked.get(group)
@@ -124,8 +176,15 @@ class Politeness:
             if until is not None:
                 raise Throttled(hop, until, f"group {hop_group} is paused")
 
+        async def pace(hop: str) -> None:
+            hop_group = group_of(hop)
+            await self.pace(hop_group, hop, fetcher)
+            until = self.blocked_until(hop_group)  # again: a 429 may have come meanwhile
+            if until is not None:
+                raise Throttled(hop, until, f"group {hop_group} is paused")
+
         try:
-            response = await fetcher.fetch(url, check=check, **options)
+            response = await fetcher.fetch(url, check=check, pace=pace, **options)
         except FetchError as exc:
             await self._apply_delays(fetcher, exc.responses, exc.url, group_of)
             if exc.reason in HOST_TROUBLE:
@@ -164,6 +223,7 @@ class Politeness:
         if self._delays.get(group, -1.0) >= seconds:
             return
         self._delays[group] = seconds
+        self._intervals.pop(group, None)
         current = resolve(group, await self.backend.limits())
         if current.interval >= seconds:
             return

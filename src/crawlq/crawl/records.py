@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -29,7 +30,13 @@ class PageRecord:
     warc: str | None = None  # file:offset of the last response's record
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        # Every field is a plain value: no need for asdict's deep copy.
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        return _ENCODER.encode(fields)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(PageRecord))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 class JsonlWriter:

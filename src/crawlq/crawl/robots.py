@@ -32,6 +32,7 @@ class Rules:
     unavailable: str | None
     expires: float
     failure: Reason = Reason.ROBOTS_UNAVAILABLE  # what a page of an unavailable site fails with
+    delay: float | None = None  # Crawl-delay or Request-rate, seconds per request
 
 
 def origin(url: str) -> str:
@@ -95,7 +96,16 @@ class RobotsCache:
         if response.status >= 400 or response.is_redirect:
             return Rules(None, None, now + self._ttl)
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
-        return Rules(Protego.parse(text), None, now + self._ttl)
+        parser = Protego.parse(text)
+        return Rules(parser, None, now + self._ttl, delay=self._delay(parser))
+
+    def _delay(self, parser: Protego) -> float | None:
+        delay = parser.crawl_delay(self._agent)
+        rate = parser.request_rate(self._agent)
+        if rate is not None and rate.requests:
+            per_request = rate.seconds / rate.requests
+            delay = per_request if delay is None else max(delay, per_request)
+        return None if delay is None else float(delay)
 
     async def check(self, url: str) -> None:
         """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
@@ -108,11 +118,4 @@ class RobotsCache:
     def delay(self, url: str) -> float | None:
         """The Crawl-delay (or Request-rate) robots.txt asks of this origin, once known."""
         rules = self._rules.get(origin(url))
-        if rules is None or rules.parser is None:
-            return None
-        delay = rules.parser.crawl_delay(self._agent)
-        rate = rules.parser.request_rate(self._agent)
-        if rate is not None and rate.requests:
-            per_request = rate.seconds / rate.requests
-            delay = per_request if delay is None else max(delay, per_request)
-        return None if delay is None else float(delay)
+        return None if rules is None else rules.delay

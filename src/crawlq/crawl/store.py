@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
@@ -57,15 +58,25 @@ def open_index(path: Path) -> sqlite3.Connection:
     return connection
 
 
+_Pending = tuple[Response, "asyncio.Future[RecordRef]"]
+
+
 class WarcStore:
     """WARC files in `directory`, rotated at `max_file_bytes`, indexed in INDEX_FILE. All
-    disk work runs on one thread of its own, off the event loop."""
+    disk work runs on one thread of its own, off the event loop.
+
+    Puts are group-committed: the thread takes every response waiting when it comes round,
+    writes their records, flushes the file once and indexes them in one transaction; each
+    `put` returns once its response is written and indexed."""
 
     def __init__(self, directory: Path | str, *, max_file_bytes: int = DEFAULT_FILE_BYTES):
         self.directory = Path(directory)
         self._writer = RotatingWarcWriter(self.directory, max_file_bytes=max_file_bytes)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-warc")
         self._index: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._pending: list[_Pending] = []
+        self._draining = False
 
     def _connection(self) -> sqlite3.Connection:
         if self._index is None:
@@ -75,15 +86,47 @@ class WarcStore:
 
     async def put(self, response: Response) -> RecordRef:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._put, response)
+        future: asyncio.Future[RecordRef] = loop.create_future()
+        with self._lock:
+            self._pending.append((response, future))
+            start = not self._draining
+            self._draining = True
+        if start:
+            self._thread.submit(self._drain, loop)
+        return await future
 
-    def _put(self, response: Response) -> RecordRef:
-        ref = self._writer.write(response)
-        self._connection().execute(
-            _INSERT,
-            (response.url, response.fetched_at, response.status, ref.file, ref.offset, ref.length),
-        )
-        return ref
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    self._draining = False
+                    return
+            try:
+                refs = self._put_many([response for response, _ in batch])
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, batch, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, batch, refs, None)
+
+    def _put_many(self, responses: list[Response]) -> list[RecordRef]:
+        refs = [self._writer.write(response, flush=False) for response in responses]
+        self._writer.flush()
+        connection = self._connection()
+        connection.execute("BEGIN")
+        try:
+            connection.executemany(
+                _INSERT,
+                [
+                    (r.url, r.fetched_at, r.status, ref.file, ref.offset, ref.length)
+                    for r, ref in zip(responses, refs, strict=True)
+                ],
+            )
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        return refs
 
     async def get(self, url: str) -> StoredResponse | None:
         loop = asyncio.get_running_loop()
@@ -113,3 +156,16 @@ class WarcStore:
         if self._index is not None:
             self._index.close()
             self._index = None
+
+
+def _settle(
+    batch: list[_Pending], refs: list[RecordRef] | None, error: BaseException | None
+) -> None:
+    for index, (_, future) in enumerate(batch):
+        if future.done():  # its put was cancelled
+            continue
+        if refs is not None:
+            future.set_result(refs[index])
+        else:
+            assert error is not None
+            future.set_exception(error)

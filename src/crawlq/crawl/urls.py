@@ -64,11 +64,31 @@ def canonicalize(url: str) -> str | None:
     return urlunsplit((scheme, netloc, path, query, ""))
 
 
-def absolute(base: str, href: str) -> str | None:
-    """`href` found on page `base`, resolved and canonical; None for non-http(s) links."""
+#: A root-relative path that is already canonical: no dot segments, no empty segments, only
+#: unreserved characters (no escapes, query or fragment).
+_PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*/?)*")
+
+
+def origin_of(canonical: str) -> str | None:
+    """scheme://netloc of a canonical URL (as `canonicalize` writes it), else None."""
+    scheme, sep, rest = canonical.partition("://")
+    if not sep or scheme not in DEFAULT_PORTS:
+        return None
+    netloc = rest.split("/", 1)[0]
+    if not netloc or "?" in netloc or "#" in netloc:
+        return None
+    return f"{scheme}://{netloc}"
+
+
+def absolute(base: str, href: str, *, base_origin: str | None = None) -> str | None:
+    """`href` found on page `base`, resolved and canonical; None for non-http(s) links.
+    `base_origin` (`origin_of(base)`, when `base` is canonical) lets the usual plain
+    "/path" link skip parsing."""
     href = href.strip()
     if not href or href.startswith("#"):
         return None
+    if base_origin is not None and _PLAIN_PATH.fullmatch(href):
+        return base_origin + href
     try:
         joined = urljoin(base, unquote_spaces(href))
     except ValueError:

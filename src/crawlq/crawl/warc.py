@@ -74,7 +74,9 @@ class RotatingWarcWriter:
             self._writer.write_record(info)
         return self._file, self._writer
 
-    def write(self, response: Response) -> RecordRef:
+    def write(self, response: Response, *, flush: bool = True) -> RecordRef:
+        """Appends one record; `flush=False` leaves it in the file's buffer (call `flush()`
+        after a batch)."""
         file, writer = self._open()
         headers = [(k, v) for k, v in response.headers if k.lower() not in _DROPPED]
         status_line = f"{response.status} {response.reason}".strip()
@@ -92,11 +94,16 @@ class RotatingWarcWriter:
         )
         offset = file.tell()
         writer.write_record(record)
-        file.flush()
+        if flush:
+            file.flush()
         ref = RecordRef(file=self._name, offset=offset, length=file.tell() - offset)
         if file.tell() >= self.max_file_bytes:
             self.close()
         return ref
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:

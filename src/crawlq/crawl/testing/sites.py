@@ -30,7 +30,9 @@ class Hit:
     peer: str
     headers: dict[str, str]
     cookies: dict[str, str]
-    ended: float | None = None
+    ended: float | None = None  # when the answer was ready
+    status: int | None = None  # of the answer (None: the handler raised)
+    retry_after: str | None = None  # the answer's Retry-After header, if any
 
 
 @dataclass(kw_only=True)
@@ -98,8 +100,9 @@ class SyntheticWeb:
     """`async with SyntheticWeb([Site(name="a.test"), ...]) as net:`; then `net.url(name,
     path)`, `net.resolve` (for FetchSettings), `net.hits`."""
 
-    def __init__(self, sites: list[Site]) -> None:
+    def __init__(self, sites: list[Site], *, first_address: int = FIRST_ADDRESS[3]) -> None:
         self.sites = {site.name: site for site in sites}
+        self.first_address = first_address  # last octet of the first site's address
         self.hits: list[Hit] = []
         self.addresses: dict[str, str] = {}
         self.ports: dict[str, int] = {}
@@ -139,7 +142,7 @@ class SyntheticWeb:
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         for index, name in enumerate(self.sites):
-            address = ".".join(str(p) for p in (*FIRST_ADDRESS[:3], FIRST_ADDRESS[3] + index))
+            address = ".".join(str(p) for p in (*FIRST_ADDRESS[:3], self.first_address + index))
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, 0))
@@ -168,7 +171,10 @@ class SyntheticWeb:
         )
         self.hits.append(hit)
         try:
-            return await self._answer(request, host)
+            answer = await self._answer(request, host)
+            hit.status = answer.status
+            hit.retry_after = answer.headers.get("Retry-After")
+            return answer
         finally:
             hit.ended = time.time()
 

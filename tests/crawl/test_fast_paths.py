@@ -1,0 +1,32 @@
+"""The crawler's fast paths give the same answers as the general ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.urls import absolute, canonicalize, origin_of
+
+BASE = "http://site7.test:8080/a/b/page5.html"
+HREFS = [
+    "/page/6", "/a/./b", "/a//b", "/a/b/", "/", "/x.html", "/.hidden", "/a/..", "/%41",
+    "/a?b", "/a#b", "/ü", "/a b", "/-a/_b~", "/a/b.", "/a/.b/", "//other.test/x", "rel/x",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("href", HREFS)
+def test_a_plain_path_joined_to_the_origin_is_what_the_general_path_gives(href: str) -> None:
+    base = canonicalize(BASE)
+    assert base is not None
+    assert absolute(base, href, base_origin=origin_of(base)) == absolute(base, href)
+
+
+def test_allowed_domains_match_hosts_and_their_sub_domains_only() -> None:
+    scope = Scope(domains=("Example.org", "site1.test"))
+    assert scope.refusal("http://example.org/") is None
+    assert scope.refusal("https://a.b.EXAMPLE.org:8443/x") is None
+    assert scope.refusal("http://site1.test:81/page/0") is None
+    assert scope.refusal("http://badexample.org/") is not None
+    assert scope.refusal("http://site11.test/") is not None
+    assert scope.refusal("http://user@example.org/") is None
+    assert scope.refusal("http://[::1]/") is not None
