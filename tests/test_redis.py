@@ -5,7 +5,7 @@ exactly as fnmatch matches them in Python."""
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -227,7 +227,7 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
         await claim(backend, limit=1)
         assert await backend.check() == []
         q = "{damage}:q:5:pages:"
-        damages = [
+        damages: list[tuple[Callable[[], object], str]] = [
             (lambda: client.hincrby(q + "n", "1", 1), "count of state 1"),
             (lambda: client.zadd(q + "d", {b"x" * 8: 1}), "delayed set"),
             (lambda: client.zpopmax(q + "r:a.test"), "sub-queue"),
