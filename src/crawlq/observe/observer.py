@@ -28,6 +28,7 @@ GROUP_ROWS = 200
 SAMPLE_EVERY = 2.0
 #: Samples kept: 10 minutes at one every 2 s.
 SAMPLES = 300
+SLOW_READ_FACTOR = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,22 +38,30 @@ class Sample:
 
 
 class _Cached(Generic[T]):
-    """One value read at most once per `ttl`; concurrent readers wait for the same read."""
+    """One value read at most once per `ttl`, or per SLOW_READ_FACTOR times the last read's
+    duration if that is longer (so a slow backend read, such as Redis's group scan, which
+    blocks the server, takes at most a tenth of its time); concurrent readers share a read."""
 
     def __init__(self, read: Callable[[], Awaitable[T]], ttl: float) -> None:
         self._read = read
-        self._ttl = ttl
+        self._base = self._ttl = ttl
         self._value: T | None = None
         self._at = -1e300
         self._lock = asyncio.Lock()
 
+    def _fresh(self) -> bool:
+        return self._value is not None and time.monotonic() - self._at < self._ttl
+
     async def get(self) -> T:
-        if self._value is not None and time.monotonic() - self._at < self._ttl:
+        if self._fresh() and self._value is not None:
             return self._value
         async with self._lock:
-            if self._value is None or time.monotonic() - self._at >= self._ttl:
+            if not self._fresh() or self._value is None:
+                started = time.monotonic()
                 self._value = await self._read()
                 self._at = time.monotonic()
+                if self._base > 0:  # 0: never reuse (benchmarks)
+                    self._ttl = max(self._base, SLOW_READ_FACTOR * (self._at - started))
             return self._value
 
 
