@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,6 +29,7 @@ from .common import (
 from .crawl import crawl
 from .dashboard import dashboard
 from .inspect import dead, limits, stats
+from .pipeline import export, reprocess
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -188,14 +190,39 @@ def start(app_spec: str, tasks: tuple[str, ...], element: str) -> None:
 
 
 @cli.command()
-@click.option("--db", default="crawlq-demo.db", show_default=True, help="SQLite file of the demo.")
-@click.option("--sites", default=20, show_default=True, help="Simulated web sites.")
-@click.option("--pages", default=50, show_default=True, help="Pages per site.")
-def demo(db: str, sites: int, pages: int) -> None:
-    """Crawl a simulated web politely: recursive discovery, limits, retries, dead letters."""
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="crawlq-demo",
+    show_default=True,
+    help="Folder of the run's queue, WARC files, results, report and exports (emptied first).",
+)
+@click.option("--reports", default=1000, show_default=True, help="Reports the partners serve.")
+@click.option("--latency", default=0.02, show_default=True, help="Seconds each answer takes.")
+@click.option(
+    "--errors", default=0.02, show_default=True, help="Share of reports failing once (503/500)."
+)
+@click.option("--no-progress", is_flag=True, help="No live progress display.")
+def demo(out: Path, reports: int, latency: float, errors: float, no_progress: bool) -> None:
+    """Run a nightly ETL end to end on local partner sites: login, 4 requests at once per
+    sub-domain, one egress proxy, HTML/CSV/JSON parsers, a normalizer, a published report."""
+    from rich.console import Console
+
     from ..demo import run_demo
 
-    asyncio.run(run_demo(db, sites=sites, pages=pages))
+    if reports < 1 or latency < 0 or not 0 <= errors < 1:
+        raise click.UsageError("--reports >= 1, --latency >= 0, 0 <= --errors < 1")
+    console = Console(soft_wrap=True)
+    asyncio.run(
+        run_demo(
+            out,
+            reports=reports,
+            latency=latency,
+            errors=errors,
+            progress=not no_progress,
+            console=console,
+        )
+    )
 
 
 cli.add_command(stats)
@@ -203,6 +230,8 @@ cli.add_command(dead)
 cli.add_command(limits)
 cli.add_command(crawl)
 cli.add_command(dashboard)
+cli.add_command(reprocess)
+cli.add_command(export)
 
 
 def _log_format_option(ctx: click.Context, _param: click.Parameter, value: str) -> str:

@@ -20,10 +20,13 @@ from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from .response import Response
+from .decoding import decode_content, decode_text
+from .response import _CHARSET, Response
 
 DEFAULT_FILE_BYTES = 1 << 30
 _DROPPED = frozenset({"transfer-encoding"})
+#: A stored body is inflated up to this size when read back.
+MAX_STORED_BODY = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,6 +43,27 @@ class StoredResponse:
     headers: tuple[tuple[str, str], ...]
     raw: bytes  # the body as it came over the wire
     fetched_at: float
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower()
+        return next((v for k, v in self.headers if k.lower() == wanted), None)
+
+    @property
+    def content_type(self) -> str:
+        return (self.header("Content-Type") or "").split(";", 1)[0].strip().lower()
+
+    @property
+    def body(self) -> bytes:
+        """`raw` with its Content-Encoding undone."""
+        return decode_content(
+            self.raw, self.header("Content-Encoding"), max_bytes=MAX_STORED_BODY, url=self.url
+        )
+
+    def text(self) -> str:
+        """The body as text, by the declared, meta or detected charset."""
+        match = _CHARSET.search(self.header("Content-Type") or "")
+        html = self.content_type in ("text/html", "application/xhtml+xml")
+        return decode_text(self.body, match.group(1) if match else None, self.url, html=html)
 
 
 def warc_date(epoch: float) -> str:

@@ -15,11 +15,15 @@ HOP_BY_HOP = frozenset(
 
 class ForwardProxy:
     """`async with ForwardProxy(resolve) as proxy:` then `proxy.url`; `proxy.requests` lists
-    every URL it forwarded."""
+    every URL it forwarded. With `egress`, connections to the sites leave from that local
+    address (a fixed egress IP the sites can check)."""
 
-    def __init__(self, resolve: Mapping[str, str], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, resolve: Mapping[str, str], host: str = "127.0.0.1", *, egress: str | None = None
+    ) -> None:
         self.resolve = dict(resolve)
         self.host = host
+        self.egress = egress
         self.port = 0
         self.requests: list[str] = []
         self._server: asyncio.Server | None = None
@@ -61,7 +65,10 @@ class ForwardProxy:
             return
         self.requests.append(target)
         address = self.resolve.get(parts.hostname, parts.hostname)
-        upstream_reader, upstream_writer = await asyncio.open_connection(address, parts.port or 80)
+        local = (self.egress, 0) if self.egress else None
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            address, parts.port or 80, local_addr=local
+        )
         try:
             path = parts.path or "/"
             if parts.query:

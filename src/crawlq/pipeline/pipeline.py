@@ -1,0 +1,262 @@
+"""Stages as first-class: a pipeline is a chain of tasks, each with its own queue, whose
+outputs are stored and whose successors receive a reference, never the payload.
+
+    fetch stage     element: a URL (or {"url": ...}); the function returns a Response,
+                    stored in WARC files (with an index); the next stage gets its URL
+    later stages    element: that reference; the function gets the previous stage's stored
+                    output (the StoredResponse, or the records it wrote) and returns records,
+                    which replace what it wrote for that reference last time
+
+Because every stage reads stored inputs, `reprocess` re-runs a stage (and the stages after
+it) over what is already stored, without fetching anything, and running it twice leaves the
+same rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..app import App
+from ..backends import Backend
+from ..context import Context
+from ..crawl.response import Response
+from ..crawl.store import WarcStore
+from ..crawl.warc import StoredResponse
+from ..errors import ConfigError, Permanent
+from ..results import Record, ResultsStore
+from ..results.store import as_records
+from ..retry import Retry
+from ..tasks import GroupOption, KeyFunction, Task
+from ..worker import Worker, WorkerStats
+
+WARC = "crawlq.pipeline.warc"
+SCHEDULE_CHUNK = 5_000
+
+_pipelines: weakref.WeakKeyDictionary[App, Pipeline] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stage:
+    name: str
+    task: Task[Any]
+    fetch: bool
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReprocessResult:
+    stage: str
+    scheduled: int
+    stages: tuple[str, ...]
+    worker: WorkerStats | None
+
+
+class Pipeline:
+    """`Pipeline(app, data="etl-data/")`: raw responses go to `data/warc/`, records to
+    `data/results.sqlite`. Declare stages in order with `@pipeline.fetch` (the first) and
+    `@pipeline.stage`; `@pipeline.finish` marks what runs once a run or a reprocess is
+    over (publishing a report)."""
+
+    def __init__(self, app: App, *, data: Path | str) -> None:
+        if app in _pipelines:
+            raise ConfigError(f"{app!r} already has a pipeline")
+        self.app = app
+        self.data = Path(data)
+        self.warc_dir = self.data / "warc"
+        self.results = ResultsStore(self.data / "results.sqlite")
+        self.stages: list[Stage] = []
+        self._finish: Callable[[ResultsStore], Any] | None = None
+        app.provide(WARC, lambda: WarcStore(self.warc_dir))
+        _pipelines[app] = self
+
+    def __repr__(self) -> str:
+        return f"<Pipeline {' -> '.join(s.name for s in self.stages)} in {self.data}>"
+
+    @staticmethod
+    def of(app: App) -> Pipeline:
+        pipeline = _pipelines.get(app)
+        if pipeline is None:
+            raise ConfigError(f"{app!r} has no pipeline: declare one with Pipeline(app, ...)")
+        return pipeline
+
+    # -- declaring ------------------------------------------------------------------------
+
+    def fetch(
+        self,
+        *,
+        queue: str | None = None,
+        group: GroupOption = "host",
+        key: KeyFunction | None = None,
+        retry: Retry | None = None,
+        max_attempts: int | None = None,
+        lease: float = 60.0,
+        timeout: float | None = None,
+        seen: bool = False,
+    ) -> Callable[[Callable[..., Awaitable[Response | None]]], Task[Any]]:
+        """The fetch stage: `async def download(ctx, url) -> Response` (None: nothing to
+        store). Its response is written to WARC, then the next stage is scheduled with the
+        response's URL."""
+        if self.stages:
+            raise ConfigError("the fetch stage is the first stage of a pipeline")
+
+        def declare(function: Callable[..., Awaitable[Response | None]]) -> Task[Any]:
+            if not asyncio.iscoroutinefunction(function):
+                raise ConfigError(f"fetch stage {function.__name__!r} must be async")
+            name = queue or function.__name__
+
+            async def run(ctx: Context, element: Any) -> None:
+                response = await function(ctx, element)
+                if response is None:
+                    return
+                warc: WarcStore = ctx.app.shared(WARC)
+                for hop in response.chain:
+                    await warc.put(hop)
+                await asyncio.to_thread(self.results.replace, name, response.url, [])
+                await self._next(ctx, name, response.url)
+
+            run.__name__ = run.__qualname__ = name
+            run.__doc__ = function.__doc__
+            task = self.app.task(
+                queue=name,
+                group=group,
+                key=key,
+                retry=retry,
+                max_attempts=max_attempts,
+                lease=lease,
+                timeout=timeout,
+                seen=seen,
+            )(run)
+            self.stages.append(Stage(name=name, task=task, fetch=True, index=len(self.stages)))
+            return task
+
+        return declare
+
+    def stage(
+        self,
+        *,
+        queue: str | None = None,
+        retry: Retry | None = None,
+        max_attempts: int | None = None,
+        lease: float = 60.0,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[..., Any]], Task[Any]]:
+        """A later stage: `def parse(ctx, stored) -> Iterable[Record]`, sync (run in the
+        worker's thread pool with `ctx.sync`) or async. `stored` is the StoredResponse after
+        a fetch stage, otherwise the list of records the previous stage wrote."""
+        if not self.stages:
+            raise ConfigError("declare the fetch stage first (@pipeline.fetch)")
+
+        def declare(function: Callable[..., Any]) -> Task[Any]:
+            name = queue or function.__name__
+            is_async = asyncio.iscoroutinefunction(function)
+            index = len(self.stages)
+
+            async def run(ctx: Context, ref: str) -> None:
+                if not isinstance(ref, str):
+                    raise Permanent(f"stage {name}: expected a reference (a string), got {ref!r}")
+                stored = await self._input(ctx, index - 1, ref)
+                if is_async:
+                    output = await function(ctx, stored)
+                else:
+                    loop = asyncio.get_running_loop()
+                    output = await loop.run_in_executor(None, function, ctx.sync, stored)
+                records = as_records(output)
+                await asyncio.to_thread(self.results.replace, name, ref, records)
+                await self._next(ctx, name, ref)
+
+            run.__name__ = run.__qualname__ = name
+            run.__doc__ = function.__doc__
+            task = self.app.task(
+                queue=name,
+                group=None,
+                retry=retry,
+                max_attempts=max_attempts,
+                lease=lease,
+                timeout=timeout,
+            )(run)
+            self.stages.append(Stage(name=name, task=task, fetch=False, index=index))
+            return task
+
+        return declare
+
+    def finish(self, function: Callable[[ResultsStore], Any]) -> Callable[[ResultsStore], Any]:
+        """Marks `function(results)` as what runs once the stages are done (a report)."""
+        self._finish = function
+        return function
+
+    # -- running --------------------------------------------------------------------------
+
+    def stage_named(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        names = ", ".join(s.name for s in self.stages)
+        raise ConfigError(f"no stage {name!r} in the pipeline (stages: {names})")
+
+    def after(self, name: str) -> list[Stage]:
+        """`name` and every stage after it."""
+        return self.stages[self.stage_named(name).index :]
+
+    async def _input(self, ctx: Context, index: int, ref: str) -> StoredResponse | list[Record]:
+        previous = self.stages[index]
+        if previous.fetch:
+            warc: WarcStore = ctx.app.shared(WARC)
+            stored = await warc.get(ref)
+            if stored is None:
+                raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
+            return stored
+        return await asyncio.to_thread(self.results.records, previous.name, ref)
+
+    async def _next(self, ctx: Context, name: str, ref: str) -> None:
+        index = self.stage_named(name).index + 1
+        if index < len(self.stages):
+            await ctx.schedule(self.stages[index].task, ref)
+
+    def inputs(self, stage: str, where: Sequence[str] = ()) -> list[str]:
+        """The stored references `stage` reads (what the stage before it produced), those
+        matching any glob of `where` if given."""
+        found = self.stage_named(stage)
+        if found.fetch:
+            raise ConfigError(
+                f"{stage!r} is the fetch stage: re-running it fetches again"
+                " (schedule its elements instead); reprocess the stage after it"
+            )
+        refs = self.results.refs(self.stages[found.index - 1].name)
+        if where:
+            refs = [r for r in refs if any(fnmatch.fnmatchcase(r, w) for w in where)]
+        return refs
+
+    async def reprocess(
+        self,
+        stage: str,
+        *,
+        where: Sequence[str] = (),
+        run: bool = True,
+        concurrency: int = 100,
+        backend: Backend | None = None,
+    ) -> ReprocessResult:
+        """Schedules `stage` over its stored inputs; with `run`, works its queue and the
+        later stages' until they are empty (nothing else runs, so nothing is fetched) and
+        then runs the finish step."""
+        refs = self.inputs(stage, where)
+        task = self.stage_named(stage).task
+        for start in range(0, len(refs), SCHEDULE_CHUNK):
+            chunk = refs[start : start + SCHEDULE_CHUNK]
+            await self.app.aschedule_many(task, chunk, revisit=True, backend=backend)
+        names = tuple(s.name for s in self.after(stage))
+        stats = None
+        if run:
+            stats = await Worker(
+                self.app, queues=list(names), burst=True, burst_horizon=5, concurrency=concurrency
+            ).run()
+            self.run_finish()
+        return ReprocessResult(stage=stage, scheduled=len(refs), stages=names, worker=stats)
+
+    def run_finish(self) -> Any:
+        return None if self._finish is None else self._finish(self.results)

@@ -1,0 +1,298 @@
+"""The results store: records in SQLite, one table per record type, upserted by key.
+
+Each table has the record's `key` (primary key), the stage and the input reference that
+produced it (`_stage`, `_ref`), when it was written (`_updated`), and one column per field,
+added the first time a field appears. A stage's output for one reference is *replaced* in
+one transaction: the rows it wrote for that reference last time are deleted, the new ones
+upserted, and the `_outputs` row (stage, ref) written. So running a stage twice over the
+same input leaves exactly the same rows.
+
+Tables of the store itself:
+
+    _outputs   (stage, ref) -> records written, when: what each stage has produced
+    _types     (type, stage): which record types each stage writes
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..types import JSON
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS _outputs (
+    stage TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    records INTEGER NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (stage, ref)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _types (
+    type TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    PRIMARY KEY (type, stage)
+) WITHOUT ROWID;
+"""
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Record:
+    """One result: `type` names its table, `key` identifies it there (a later record with
+    the same key replaces it), `data` holds its fields (JSON values)."""
+
+    type: str
+    key: str
+    data: dict[str, JSON] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_name(self.type, "record type")
+        for name in self.data:
+            check_name(name, f"field of {self.type!r}")
+            if name in _RESERVED:
+                raise ConfigError(f"record {self.type!r}: field name {name!r} is reserved")
+
+
+def check_name(name: str, what: str) -> str:
+    if not _NAME.match(name) or name.startswith("_"):
+        raise ConfigError(f"{what} {name!r}: use letters, digits and _ (not first), at most 63")
+    return name
+
+
+def _column_value(value: JSON) -> Scalar:
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return value
+
+
+class ResultsStore:
+    """A SQLite file of results. Thread safe (one connection behind a lock); several
+    processes may share the file (WAL, busy timeout)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._connection: sqlite3.Connection | None = None
+        self._columns: dict[str, list[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"<ResultsStore {self.path}>"
+
+    def _db(self) -> sqlite3.Connection:
+        if self._connection is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(
+                self.path, timeout=60, isolation_level=None, check_same_thread=False
+            )
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.executescript(_SCHEMA)
+            self._connection = connection
+        return self._connection
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+            self._columns.clear()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def replace(self, stage: str, ref: str, records: Sequence[Record]) -> None:
+        """Makes `records` the whole output of `stage` for input `ref`, atomically."""
+        with self._lock:
+            db = self._db()
+            for attempt in range(2):
+                for record in records:
+                    self._ensure_table(db, record)
+                try:
+                    self._replace(db, stage, ref, records)
+                    return
+                except sqlite3.OperationalError as exc:
+                    # another process added or dropped a column meanwhile: read it again
+                    if attempt or "column" not in str(exc):
+                        raise
+                    self._columns.clear()
+
+    def _replace(
+        self, db: sqlite3.Connection, stage: str, ref: str, records: Sequence[Record]
+    ) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            types = {r.type for r in records}
+            known = [
+                row[0] for row in db.execute("SELECT type FROM _types WHERE stage = ?", (stage,))
+            ]
+            for type_ in sorted(set(known) | types):
+                if type_ in self._tables(db):
+                    db.execute(f'DELETE FROM "{type_}" WHERE _stage = ? AND _ref = ?', (stage, ref))
+            db.executemany(
+                "INSERT OR IGNORE INTO _types (type, stage) VALUES (?, ?)",
+                [(t, stage) for t in sorted(types)],
+            )
+            now = time.time()
+            for record in records:
+                names = ["key", "_stage", "_ref", "_updated", *record.data]
+                values: list[Scalar] = [record.key, stage, ref, now]
+                values += [_column_value(v) for v in record.data.values()]
+                columns = ", ".join(f'"{n}"' for n in names)
+                updates = ", ".join(f'"{n}" = excluded."{n}"' for n in names[1:])
+                nulls = [c for c in self._columns[record.type] if c not in names]
+                updates += "".join(f', "{c}" = NULL' for c in nulls)
+                marks = ", ".join("?" * len(names))
+                db.execute(
+                    f'INSERT INTO "{record.type}" ({columns}) VALUES ({marks})'
+                    f" ON CONFLICT (key) DO UPDATE SET {updates}",
+                    values,
+                )
+            db.execute(
+                "INSERT INTO _outputs (stage, ref, records, updated) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (stage, ref) DO UPDATE SET records = excluded.records,"
+                " updated = excluded.updated",
+                (stage, ref, len(records), now),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _tables(self, db: sqlite3.Connection) -> set[str]:
+        rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        return {row[0] for row in rows}
+
+    def _ensure_table(self, db: sqlite3.Connection, record: Record) -> None:
+        columns = self._columns.get(record.type)
+        if columns is None:
+            db.execute(
+                f'CREATE TABLE IF NOT EXISTS "{record.type}" (key TEXT PRIMARY KEY,'
+                " _stage TEXT NOT NULL, _ref TEXT NOT NULL, _updated REAL NOT NULL)"
+            )
+            index = f'"{record.type}_by_ref" ON "{record.type}" (_stage, _ref)'
+            db.execute(f"CREATE INDEX IF NOT EXISTS {index}")
+            columns = [row[1] for row in db.execute(f'PRAGMA table_info("{record.type}")')]
+            self._columns[record.type] = columns
+        for name in record.data:
+            if name not in columns:
+                try:
+                    db.execute(f'ALTER TABLE "{record.type}" ADD COLUMN "{name}"')
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):
+                        raise
+                columns.append(name)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def types(self) -> list[str]:
+        with self._lock:
+            rows = self._db().execute("SELECT DISTINCT type FROM _types ORDER BY type").fetchall()
+        return [row[0] for row in rows]
+
+    def columns(self, type_: str) -> list[str]:
+        """The record's fields, `key` first, in the order they first appeared."""
+        check_name(type_, "record type")
+        with self._lock:
+            info = self._db().execute(f'PRAGMA table_info("{type_}")').fetchall()
+        return [row[1] for row in info if row[1] not in _RESERVED or row[1] == "key"]
+
+    def rows(
+        self, type_: str, *, ref: str | None = None, stage: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every record of `type_` (optionally those one stage wrote for one reference), by key."""
+        columns = self.columns(type_)
+        if not columns:
+            return
+        where, args = [], []
+        if stage is not None:
+            where.append("_stage = ?")
+            args.append(stage)
+        if ref is not None:
+            where.append("_ref = ?")
+            args.append(ref)
+        selected = ", ".join(f'"{c}"' for c in columns)
+        sql = f'SELECT {selected} FROM "{type_}"'
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY key"
+        with self._lock:
+            fetched = self._db().execute(sql, args).fetchall()
+        for row in fetched:
+            yield dict(zip(columns, row, strict=True))
+
+    def records(self, stage: str, ref: str) -> list[Record]:
+        """What `stage` wrote for `ref`, as records (fields that are None are left out)."""
+        out: list[Record] = []
+        with self._lock:
+            types = [
+                r[0]
+                for r in self._db().execute(
+                    "SELECT type FROM _types WHERE stage = ? ORDER BY type", (stage,)
+                )
+            ]
+        for type_ in types:
+            for row in self.rows(type_, ref=ref, stage=stage):
+                key = row.pop("key")
+                data = {k: v for k, v in row.items() if v is not None}
+                out.append(Record(type=type_, key=key, data=data))
+        return out
+
+    def refs(self, stage: str) -> list[str]:
+        """Every input reference `stage` has produced output for, in order."""
+        with self._lock:
+            rows = (
+                self._db()
+                .execute("SELECT ref FROM _outputs WHERE stage = ? ORDER BY ref", (stage,))
+                .fetchall()
+            )
+        return [row[0] for row in rows]
+
+    def done(self) -> dict[str, int]:
+        """How many inputs each stage has produced output for."""
+        with self._lock:
+            rows = (
+                self._db().execute("SELECT stage, COUNT(*) FROM _outputs GROUP BY stage").fetchall()
+            )
+        return {stage: count for stage, count in rows}
+
+    def count(self, type_: str) -> int:
+        check_name(type_, "record type")
+        with self._lock:
+            db = self._db()
+            if type_ not in self._tables(db):
+                return 0
+            return int(db.execute(f'SELECT COUNT(*) FROM "{type_}"').fetchone()[0])
+
+
+def as_records(items: Iterable[Record] | Record | None) -> list[Record]:
+    """What a stage function returned, as a list of records."""
+    if items is None:
+        return []
+    if isinstance(items, Record):
+        return [items]
+    records = list(items)
+    for item in records:
+        if not isinstance(item, Record):
+            raise ConfigError(f"a stage must return Record objects, got {type(item).__name__}")
+    return records
