@@ -68,6 +68,7 @@ class Pipeline:
             raise ConfigError(f"{app!r} already has a pipeline")
         self.app = app
         self.data = Path(data)
+        self.data.mkdir(parents=True, exist_ok=True)  # the app's queue may live there too
         self.warc_dir = self.data / "warc"
         self.results = ResultsStore(self.data / "results.sqlite")
         self.stages: list[Stage] = []

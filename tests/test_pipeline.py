@@ -1,0 +1,132 @@
+"""The results store (real SQLite files), its exports, and a pipeline's declaration rules."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import crawlq
+from crawlq.errors import ConfigError
+from crawlq.pipeline import Pipeline, Record, StoredResponse
+from crawlq.results import ResultsStore, export
+from crawlq.types import JSON, GroupBy
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ResultsStore]:
+    with ResultsStore(tmp_path / "results.sqlite") as opened:
+        yield opened
+
+
+def sale(key: str, **data: JSON) -> Record:
+    return Record(type="sale", key=key, data=dict(data))
+
+
+def test_records_are_upserted_by_key_one_table_per_type(store: ResultsStore) -> None:
+    store.replace("parse", "a.html", [sale("1", units=3), Record(type="note", key="n", data={})])
+    store.replace("parse", "b.html", [sale("2", units=5, region="eu")])
+    store.replace("other", "c.html", [sale("1", units=7)])  # same key: replaces the row
+    assert list(store.rows("sale")) == [
+        {"key": "1", "units": 7, "region": None},
+        {"key": "2", "units": 5, "region": "eu"},
+    ]
+    assert store.types() == ["note", "sale"]
+    assert store.count("sale") == 2
+    assert store.done() == {"parse": 2, "other": 1}
+
+
+def test_a_stage_output_is_replaced_whole_so_reruns_leave_the_same_rows(
+    store: ResultsStore,
+) -> None:
+    first = [sale("a#0", units=1), sale("a#1", units=2), sale("a#2", units=3)]
+    store.replace("parse", "a", first)
+    store.replace("parse", "b", [sale("b#0", units=9)])
+    store.replace("parse", "a", first)
+    assert [r["key"] for r in store.rows("sale")] == ["a#0", "a#1", "a#2", "b#0"]
+    # a changed parser that finds fewer rows: the stale one goes, b is untouched
+    store.replace("parse", "a", [sale("a#0", units=10), sale("a#1", units=20)])
+    assert [(r["key"], r["units"]) for r in store.rows("sale")] == [
+        ("a#0", 10),
+        ("a#1", 20),
+        ("b#0", 9),
+    ]
+    assert [r.key for r in store.records("parse", "a")] == ["a#0", "a#1"]
+    assert store.refs("parse") == ["a", "b"]
+
+
+def test_nested_values_are_json_and_bad_names_are_refused(store: ResultsStore) -> None:
+    store.replace("parse", "x", [sale("k", tags=["a", "b"], price={"eur": 1.5})])
+    row = next(store.rows("sale"))
+    assert json.loads(row["tags"]) == ["a", "b"]
+    assert json.loads(row["price"]) == {"eur": 1.5}
+    with pytest.raises(ConfigError, match="record type 'bad name'"):
+        Record(type="bad name", key="k")
+    with pytest.raises(ConfigError, match="'x; DROP TABLE sale'"):
+        Record(type="sale", key="k", data={"x; DROP TABLE sale": 1})
+    with pytest.raises(ConfigError, match="reserved"):
+        Record(type="sale", key="k", data={"key": 1})
+
+
+def test_exports_to_jsonl_csv_and_parquet_hold_the_same_rows(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    store.replace("n", "r1", [sale("b", units=2, region="eu"), sale("a", units=1)])
+    store.replace("n", "r2", [sale("c", units=3, revenue=4.5)])
+    expected = [
+        {"key": "a", "units": 1, "region": None, "revenue": None},
+        {"key": "b", "units": 2, "region": "eu", "revenue": None},
+        {"key": "c", "units": 3, "region": None, "revenue": 4.5},
+    ]
+    assert export(store, "sale", tmp_path / "s.jsonl") == 3
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == expected
+    assert export(store, "sale", tmp_path / "s.csv") == 3
+    with (tmp_path / "s.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert rows[2] == {"key": "c", "units": "3", "region": "", "revenue": "4.5"}
+    assert export(store, "sale", tmp_path / "out" / "s.parquet") == 3
+    assert pq.read_table(tmp_path / "out" / "s.parquet").to_pylist() == expected
+    with pytest.raises(ConfigError, match="no record type 'nope'"):
+        export(store, "nope", tmp_path / "x.csv")
+    with pytest.raises(ConfigError, match="export format 'xlsx'"):
+        export(store, "sale", tmp_path / "x.xlsx")
+
+
+def test_a_pipeline_declares_its_fetch_stage_first_and_refuses_to_reprocess_it(
+    tmp_path: Path,
+) -> None:
+    app = crawlq.App(f"sqlite:///{tmp_path / 'q.db'}")
+    pipeline = Pipeline(app, data=tmp_path / "data")
+
+    with pytest.raises(ConfigError, match="declare the fetch stage first"):
+
+        @pipeline.stage()
+        def too_early(ctx: crawlq.SyncContext, stored: StoredResponse) -> None: ...
+
+    @pipeline.fetch()
+    async def download(ctx: crawlq.Context, url: str) -> None:
+        return None
+
+    @pipeline.stage()
+    def parse(ctx: crawlq.SyncContext, stored: StoredResponse) -> list[Record]:
+        return []
+
+    assert [s.name for s in pipeline.stages] == ["download", "parse"]
+    assert app.tasks["parse"].options.group_by is GroupBy.NONE
+    assert app.tasks["download"].options.group_by is GroupBy.HOST
+    with pytest.raises(ConfigError, match="is the fetch stage"):
+        pipeline.inputs("download")
+    with pytest.raises(ConfigError, match="no stage 'publish'"):
+        pipeline.inputs("publish")
+    with pytest.raises(ConfigError, match="already has a pipeline"):
+        Pipeline(app, data=tmp_path / "other")
+    pipeline.results.replace("download", "http://a.test/1.csv", [])
+    pipeline.results.replace("download", "http://a.test/2.html", [])
+    assert pipeline.inputs("parse", ["*.csv"]) == ["http://a.test/1.csv"]
+    assert pipeline.of(app) is pipeline
+    pipeline.results.close()
