@@ -178,6 +178,10 @@ class DemoSite:
                 totals[line.product].cents += line.cents
         return dict(totals)
 
+    def reset_failures(self) -> None:
+        """Every report fails its next first request again (a new night)."""
+        self._served.clear()
+
     def report_hits(self) -> list[Hit]:
         return [h for h in self.hits if h.path.startswith("/reports/")]
 
