@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ class Task(Generic[R]):
         if self.is_async:
             result: Any = self.function(ctx, element)
             return await result
+        # In a copy of the task's context, so its log lines carry the task's fields too.
+        run = contextvars.copy_context().run
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.function, ctx.sync, element)
+        return await loop.run_in_executor(None, run, self.function, ctx.sync, element)
 
 
 def prepare(

@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,6 +44,26 @@ class WorkerMetrics:
     start_delay_seconds: Histogram
     fetch_responses: Counter
     fetch_bytes: Counter
+    # Labelled children by label values: `.labels()` costs as much as the update itself, and
+    # a worker updates these for every task.
+    _children: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+    def _child(self, metric: Counter | Histogram, *values: str) -> Any:
+        key = (metric._name, *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def started(self, queue: str, delay: float) -> None:
+        """An element of `queue` was claimed `delay` seconds after it was due."""
+        self._child(self.claimed, queue).inc()
+        self._child(self.start_delay_seconds, queue).observe(delay)
+
+    def finished(self, queue: str, outcome: str, seconds: float) -> None:
+        """A task run of `queue` ended with `outcome` (done, retry, dead) after `seconds`."""
+        self._child(self.tasks, queue, outcome).inc()
+        self._child(self.task_seconds, queue, outcome).observe(seconds)
 
     def record_fetch(self, status: int, size: int) -> None:
         """For fetching code: one response of HTTP `status` and `size` body bytes."""

@@ -206,10 +206,7 @@ class Worker:
                 waiter.cancel()
 
     def _start(self, backend: Backend, claimed: Claimed) -> None:
-        self._metrics.claimed.labels(queue=claimed.queue).inc()
-        self._metrics.start_delay_seconds.labels(queue=claimed.queue).observe(
-            max(0.0, claimed.claimed_at - claimed.due)
-        )
+        self._metrics.started(claimed.queue, max(0.0, claimed.claimed_at - claimed.due))
         task = asyncio.create_task(
             self._run_one(backend, claimed), name=f"crawlq:{claimed.queue}:{claimed.key[:80]}"
         )
@@ -232,10 +229,7 @@ class Worker:
         with task_scope(fields):
             outcome = await self._run_scoped(backend, claimed)
         if outcome is not None:
-            self._metrics.tasks.labels(queue=claimed.queue, outcome=outcome).inc()
-            self._metrics.task_seconds.labels(queue=claimed.queue, outcome=outcome).observe(
-                time.perf_counter() - began
-            )
+            self._metrics.finished(claimed.queue, outcome, time.perf_counter() - began)
 
     async def _run_scoped(self, backend: Backend, claimed: Claimed) -> str | None:
         """Runs one element; its outcome (done, retry, dead), or None if it did not run."""
