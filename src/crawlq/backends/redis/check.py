@@ -116,6 +116,14 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
                 f"running {int(group.get(b'r', 0))}, "
                 f"elements say {queued_by_group[name]} and {running_by_group[name]}"
             )
+    busy = {g.decode(): s for g, s in await client.zrange(prefix + "busy", 0, -1, withscores=True)}
+    expected = {
+        name: -(running_by_group[name] * 2**32 + queued_by_group[name])
+        for name in groups
+        if running_by_group[name] or queued_by_group[name]
+    }
+    if busy != expected:
+        problems.append(f"busy-group index {busy}, elements say {expected}")
     counted = {
         w.decode(): int(n) for w, n in (await client.hgetall(prefix + "wrun")).items() if int(n)
     }

@@ -13,6 +13,8 @@
 --   P limits            hash   glob -> msgpack {lua pattern, specificity a, specificity b,
 --                                                concurrency or false, interval}
 --   P groups            set    every group name but "" (elements without a group)
+--   P busy              zset   groups with queued or running elements, score
+--                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
 --                              r running, ls last start, bu blocked until, br block reason
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
@@ -152,10 +154,22 @@ end
 -- Lease set changes, applied in bulk by `flush` too (nothing reads the set before then).
 local lease_adds, lease_removals = {}, {}
 
+local GROUP_PREFIX = P .. 'g:'
+
 local function flush()
     for key, fields in pairs(deltas) do
         for field, delta in pairs(fields) do
             if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
+        end
+        if string.sub(key, 1, #GROUP_PREFIX) == GROUP_PREFIX then
+            local group = string.sub(key, #GROUP_PREFIX + 1)
+            local counts = redis.call('HMGET', key, 'q', 'r')
+            local queued, running = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+            if queued + running > 0 then
+                redis.call('ZADD', P .. 'busy', -(running * 4294967296 + queued), group)
+            else
+                redis.call('ZREM', P .. 'busy', group)
+            end
         end
     end
     deltas = {}
