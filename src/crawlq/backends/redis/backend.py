@@ -38,7 +38,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener
-from ..sqlite.engine import merge
+from ..batch import merge
 from .check import check
 from .globs import lua_pattern
 from .listener import RedisListener

@@ -7,8 +7,7 @@ running count, start time, limits or block change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ...errors import UnknownQueue
@@ -31,6 +30,7 @@ from ...types import (
     ScheduleResult,
     WorkerInfo,
 )
+from ..batch import merge
 from .store import Store
 
 DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
@@ -65,20 +65,6 @@ class _Queue:
     def __init__(self, queue_id: int, seen: bool) -> None:
         self.id = queue_id
         self.seen = seen
-
-
-def merge(items: Iterable[Schedule]) -> dict[tuple[str, str], Schedule]:
-    """Folds repeated schedules of one element in a batch as if applied one after another."""
-    merged: dict[tuple[str, str], Schedule] = {}
-    for item in items:
-        slot = (item.queue, item.key)
-        prev = merged.get(slot)
-        if prev is None or item.mode is Mode.OVERWRITE:
-            merged[slot] = item
-        elif item.mode is Mode.ONLY_IF_EARLIER and item.due < prev.due:
-            mode = Mode.OVERWRITE if prev.mode is Mode.OVERWRITE else Mode.ONLY_IF_EARLIER
-            merged[slot] = replace(item, mode=mode)
-    return merged
 
 
 class Engine:
