@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from crawlq.backends import Backend, open_backend
-from crawlq.backends.redis import RedisBackend
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import GroupBy, QueueConfig
 
@@ -67,7 +66,6 @@ async def backend(url: str, clock: ManualClock) -> AsyncIterator[Backend]:
     await opened.ensure_queues(QUEUES)
     try:
         yield opened
-        if isinstance(opened, RedisBackend):
-            assert await opened.check() == []
+        assert await opened.check() == []
     finally:
         await opened.close()

@@ -85,6 +85,10 @@ class Backend(Protocol):
         self, pattern: str = "*", *, limit: int = 100, include_idle: bool = False
     ) -> list[GroupStats]: ...
 
+    async def check(self) -> list[str]:
+        """Every broken internal invariant, as a sentence; empty when consistent. Reads the
+        whole store: for tests and `crawlq check`, on a quiet queue."""
+
     async def dead_letters(
         self, queue: str, *, limit: int = 100, offset: int = 0
     ) -> list[DeadLetter]: ...

@@ -178,6 +178,9 @@ class SQLiteBackend:
     ) -> list[GroupStats]:
         return await self._call(self.engine.group_stats, pattern, limit, include_idle)
 
+    async def check(self) -> list[str]:
+        return await self._call(self.engine.check)
+
     async def dead_letters(
         self, queue: str, *, limit: int = 100, offset: int = 0
     ) -> list[DeadLetter]:

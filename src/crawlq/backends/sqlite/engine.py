@@ -543,6 +543,33 @@ class Engine:
             )
         return stats
 
+    def check(self) -> list[str]:
+        """Every broken internal invariant, as a sentence; empty when consistent."""
+        now = self.clock()
+        store = self.store
+        with store.transaction():
+            problems = [
+                f"queue {name}: count of state {state} is {counted}, elements say {actual}"
+                for name, state, counted, actual in store.run("check_counts")
+            ]
+            problems += [
+                f"group {name}: counts queued {q} running {r}, elements say {aq} and {ar}"
+                for name, q, r, aq, ar in store.run("check_group_counts")
+            ]
+            problems += [
+                f"element {key} of queue {queue_id}: state {state} and its lease disagree"
+                for queue_id, key, state in store.run("check_leases")
+            ]
+            problems += [
+                f"frontier of queue {q}, group {g}: head {head}, best ready element {best}"
+                for q, g, head, best in store.run("check_frontier_heads")
+            ]
+            problems += [
+                f"frontier of queue {q}, group {g}: active={active} wake_at={at}, gate {gate}"
+                for q, g, active, at, gate in store.run("check_frontier_gates", {"now": now})
+            ]
+        return problems
+
     # -- dead letters -----------------------------------------------------------------------
 
     def dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:

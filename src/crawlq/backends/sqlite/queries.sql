@@ -273,3 +273,47 @@ SELECT w.id, w.host, w.pid, w.queues, w.started, w.heartbeat, w.wake_address,
 
 -- name: wake_addresses
 SELECT wake_address FROM workers WHERE wake_address != '';
+
+-- Consistency checks (`Engine.check`): each returns the rows that break one invariant.
+
+-- name: check_counts
+SELECT q.name, s.state, coalesce(c.n, 0), coalesce(a.n, 0)
+  FROM queues q
+ CROSS JOIN (SELECT 0 AS state UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) s
+  LEFT JOIN counts c ON c.queue_id = q.id AND c.state = s.state
+  LEFT JOIN (SELECT queue_id, state, count(*) AS n FROM elements GROUP BY 1, 2
+             UNION ALL SELECT queue_id, 3, count(*) FROM dead GROUP BY 1) a
+    ON a.queue_id = q.id AND a.state = s.state
+ WHERE coalesce(c.n, 0) != coalesce(a.n, 0);
+
+-- name: check_group_counts
+SELECT g.name, g.queued, g.running, coalesce(a.queued, 0), coalesce(a.running, 0)
+  FROM groups g
+  LEFT JOIN (SELECT group_id, sum(state < 2) AS queued, sum(state = 2) AS running
+               FROM elements GROUP BY 1) a ON a.group_id = g.id
+ WHERE g.id != 0 AND (g.queued != coalesce(a.queued, 0) OR g.running != coalesce(a.running, 0));
+
+-- name: check_leases
+SELECT queue_id, key, state FROM elements
+ WHERE (state = 2) != (lease_until IS NOT NULL) OR state NOT IN (0, 1, 2);
+
+-- name: check_frontier_heads
+-- Every (queue, group) with ready elements has a row showing its best one, and no other row.
+SELECT e.queue_id, e.group_id, f.head, e.id
+  FROM (SELECT queue_id, group_id, id,
+               row_number() OVER (PARTITION BY queue_id, group_id
+                                  ORDER BY priority DESC, due, id) AS n
+          FROM elements WHERE state = 1) e
+  LEFT JOIN frontier f ON f.queue_id = e.queue_id AND f.group_id = e.group_id
+ WHERE e.n = 1 AND (f.head IS NULL OR f.head != e.id)
+UNION ALL
+SELECT f.queue_id, f.group_id, f.head, NULL FROM frontier f
+ WHERE NOT EXISTS (SELECT 1 FROM elements e WHERE e.id = f.head AND e.state = 1
+                      AND e.queue_id = f.queue_id AND e.group_id = f.group_id
+                      AND e.priority = f.priority AND e.due = f.due);
+
+-- name: check_frontier_gates
+-- Active rows belong to open groups; waiting rows wait for their group's gate.
+SELECT f.queue_id, f.group_id, f.active, f.wake_at, g.gate
+  FROM frontier f JOIN group_gate g ON g.id = f.group_id
+ WHERE (f.active AND g.gate > :now) OR (NOT f.active AND f.wake_at != g.gate);
