@@ -891,3 +891,17 @@ def test_schedule_with_an_app_creates_the_database(cli: Cli) -> None:
     ran = cli.ok("schedule", "normalize", '{"page":"p"}', "--app", APP)
     assert report(ran) == counts(added=1)
     assert cli.queue("normalize") == empty(total=1, due=1)
+
+
+# -- check ------------------------------------------------------------------------------------
+
+
+def test_check_says_consistent_then_names_damage(started: Cli) -> None:
+    import sqlite3
+
+    assert "consistent" in started.ok("check", "--backend", started.url).out
+    with sqlite3.connect(started.db) as db:
+        db.execute("UPDATE counts SET n = n + 5 WHERE state = 1")
+    ran = started.run("check", "--backend", started.url)
+    assert ran.code == 1, ran
+    assert "count of state 1 is" in ran.out, ran

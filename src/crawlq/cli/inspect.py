@@ -389,3 +389,24 @@ def limits_unblock(
 
     run(main)
     click.echo(f"{group} unblocked")
+
+
+@click.command()
+@app_option
+@backend_option
+def check(app_spec: str | None, backend_url: str | None) -> None:
+    """Verifies every internal invariant of the queue store; exits 1 if one is broken.
+
+    Reads the whole store: run it with the workers stopped."""
+    _, url = resolve_url(app_spec, backend_url)
+
+    async def go() -> list[str]:
+        async with connected(url) as backend:
+            return await backend.check()
+
+    problems = run(go)
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise SystemExit(1)
+    click.echo(f"{url}: consistent")

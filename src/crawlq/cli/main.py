@@ -28,7 +28,7 @@ from .common import (
 )
 from .crawl import crawl
 from .dashboard import dashboard
-from .inspect import dead, limits, stats
+from .inspect import check, dead, limits, stats
 from .pipeline import export, reprocess
 
 
@@ -228,6 +228,7 @@ def demo(out: Path, reports: int, latency: float, errors: float, no_progress: bo
 cli.add_command(stats)
 cli.add_command(dead)
 cli.add_command(limits)
+cli.add_command(check)
 cli.add_command(crawl)
 cli.add_command(dashboard)
 cli.add_command(reprocess)
