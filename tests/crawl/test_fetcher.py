@@ -325,3 +325,24 @@ async def test_login_once_reuse_the_cookie_and_log_in_again_when_it_expires(
     assert {h.cookies.get("session") for h in member_hits} <= {"token-0", "token-1"}
     assert other.status == 200
     assert all("session" not in h.cookies for h in net.hits_for("a.test"))
+
+
+async def test_every_response_counts_in_the_worker_metrics(net: SyntheticWeb) -> None:
+    from crawlq.observe.metrics import worker_metrics
+
+    def counted(status: str) -> float:
+        return sum(
+            s.value
+            for metric in worker_metrics().fetch_responses.collect()
+            for s in metric.samples
+            if s.name.endswith("_total") and s.labels.get("status") == status
+        )
+
+    before_ok, before_redirects = counted("200"), counted("301")
+    net.sites["a.test"].routes["/moved"] = redirect("/page/1", 301)
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        await fetcher.fetch(net.url("a.test", "/moved"))
+        await fetcher.fetch(net.url("b.test", "/page/2"))
+    # robots.txt of each host, the two pages, and the redirect hop
+    assert counted("200") - before_ok >= 3
+    assert counted("301") - before_redirects == 1

@@ -19,6 +19,7 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
+from ..observe.metrics import worker_metrics
 from .decoding import ACCEPT_ENCODING, decode_content
 from .errors import FetchError, Reason, Throttled
 from .resolver import StaticResolver
@@ -310,6 +311,7 @@ class Fetcher:
                     raw += chunk
                     if len(raw) > max_bytes:
                         raise FetchError(Reason.TOO_LARGE, url, f"body over {max_bytes} bytes")
+                worker_metrics().record_fetch(answer.status, len(raw))
                 encoding = answer.headers.get("Content-Encoding")
                 body = decode_content(bytes(raw), encoding, max_bytes=max_bytes, url=url)
                 version = answer.version

@@ -67,7 +67,7 @@ class WorkerMetrics:
 
     def record_fetch(self, status: int, size: int) -> None:
         """For fetching code: one response of HTTP `status` and `size` body bytes."""
-        self.fetch_responses.labels(status=str(status)).inc()
+        self._child(self.fetch_responses, str(status)).inc()
         self.fetch_bytes.inc(size)
 
 
