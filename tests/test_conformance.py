@@ -485,6 +485,37 @@ async def test_counts_per_queue_and_group(backend: Backend, clock: ManualClock) 
     assert names == ["a.test", "b.test"]
 
 
+async def test_one_element_can_be_looked_up_in_every_state(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["later"], seconds=60, priority=3)
+    await schedule(backend, "jobs", ["now", "doomed"])
+    later = await backend.element("jobs", '"later"')
+    assert later is not None
+    assert (later.state, later.due, later.priority, later.attempts) == (
+        "delayed",
+        clock() + 60,
+        3,
+        0,
+    )
+    taken = {c.payload: c for c in await claim(backend, "jobs")}
+    running = await backend.element("jobs", '"now"')
+    assert running is not None
+    assert (running.state, running.attempts, running.worker) == ("running", 1, "test-worker")
+    assert running.lease_until == clock() + 3600
+    await backend.fail([Failure(element=taken['"doomed"'], error="gone", traceback="tb")])
+    dead = await backend.element("jobs", '"doomed"')
+    assert dead is not None and dead.dead is not None
+    assert (dead.state, dead.error, dead.dead.traceback) == ("dead", "gone", "tb")
+    clock.advance(61)
+    due = await backend.element("jobs", '"later"')
+    assert due is not None and due.state == "due"
+    await backend.ack([taken['"now"']])
+    assert await backend.element("jobs", '"now"') is None
+    with pytest.raises(UnknownQueue):
+        await backend.element("nope", '"now"')
+
+
 # -- 8. seen memory ----------------------------------------------------------------------------
 
 

@@ -174,3 +174,22 @@ class WorkerInfo:
     heartbeat: float
     running: int = 0
     wake_address: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElementInfo:
+    """One element as the backend holds it now: `state` is delayed, due, running or dead."""
+
+    queue: str
+    key: str
+    payload: str
+    group: str
+    state: str
+    due: float | None = None
+    priority: int = 0
+    attempts: int = 0
+    lease_until: float | None = None
+    worker: str | None = None
+    error: str | None = None
+    next_due: float | None = None
+    dead: DeadLetter | None = None

@@ -13,6 +13,7 @@ from ..types import (
     Claimed,
     ClaimResult,
     DeadLetter,
+    ElementInfo,
     Failure,
     GroupStats,
     LimitRule,
@@ -84,6 +85,10 @@ class Backend(Protocol):
     async def group_stats(
         self, pattern: str = "*", *, limit: int = 100, include_idle: bool = False
     ) -> list[GroupStats]: ...
+
+    async def element(self, queue: str, key: str) -> ElementInfo | None:
+        """One element's current state by its key (canonical JSON or the task's key), whether
+        queued, running or dead; None when the queue holds no such element."""
 
     async def check(self) -> list[str]:
         """Every broken internal invariant, as a sentence; empty when consistent. Reads the

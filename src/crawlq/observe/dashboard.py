@@ -37,8 +37,6 @@ from .security import MAX_FORM_BYTES, Guard, GuardMiddleware
 
 HERE = Path(__file__).parent
 DEAD_PAGE = 50
-#: Dead letters the element page looks through for a key (the backend has no lookup by key).
-ELEMENT_DEAD_SCAN = 500
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 REFRESH_MS = 1500
 #: Pages without a part that updates itself.
@@ -269,29 +267,25 @@ class Dashboard:
         queues = await self.observer.queues()
         queue = request.query_params.get("queue", "")
         key = request.query_params.get("key", "")
-        letter = None
-        looked = 0
+        found = None
         error = ""
         if queue and key:
             try:
-                found = await self.backend.dead_letters(queue, limit=ELEMENT_DEAD_SCAN)
+                found = await self.backend.element(queue, key)
             except UnknownQueue as exc:
                 error = str(exc)
-                found = []
-            looked = len(found)
-            letter = next((d for d in found if d.key == key), None)
         group = None
-        if letter is not None and letter.group:
-            group = next((g for g in await self.backend.group_stats(letter.group, limit=1)), None)
+        if found is not None and found.group:
+            stats = await self.backend.group_stats(found.group, limit=1, include_idle=True)
+            group = stats[0] if stats else None
         return self._render(
             request,
             "element.html",
             queues=queues,
             queue=queue,
             key=key,
-            letter=letter,
-            looked=looked,
-            scan=ELEMENT_DEAD_SCAN,
+            element=found,
+            letter=found.dead if found else None,
             group=group,
             error=error,
             now=self.backend.now(),

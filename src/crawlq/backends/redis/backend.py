@@ -26,6 +26,7 @@ from ...types import (
     Claimed,
     ClaimResult,
     DeadLetter,
+    ElementInfo,
     Failure,
     GroupBy,
     GroupStats,
@@ -429,6 +430,59 @@ class RedisBackend:
                 )
             )
         return stats
+
+    async def element(self, queue: str, key: str) -> ElementInfo | None:
+        await self._known(queue)
+        records, dead = self._queue_key(queue, "e"), self._queue_key(queue, "x")
+        digest = bytes.fromhex(_digests(key)[0])
+        rec = None
+        for field in (digest, digest + key.encode()):
+            raw = await self._call(lambda f=field: self.client.hget(records, f))  # type: ignore[misc]
+            if raw is not None and (found := _unpacked(raw))[12] == key:
+                rec = found
+                break
+        if rec is not None:
+            state = ("delayed", "due", "running")[rec[5]]
+            if state == "delayed" and rec[4] <= self.now():
+                state = "due"  # due, not yet promoted by a claim
+            return ElementInfo(
+                queue=queue,
+                key=key,
+                payload=rec[1] if rec[1] is not False else key,
+                group=rec[2],
+                state=state,
+                due=float(rec[4]),
+                priority=int(rec[3]),
+                attempts=rec[6],
+                lease_until=None if rec[7] is False else rec[7],
+                worker=None if rec[8] is False else rec[8],
+                error=None if rec[11] is False else rec[11],
+                next_due=None if rec[9] is False else rec[9],
+            )
+        raw = await self._call(lambda: self.client.hget(dead, key))
+        if raw is None:
+            return None
+        payload, group, attempts, error, tb, died, _ = _unpacked(raw)
+        letter = DeadLetter(
+            queue=queue,
+            key=key,
+            payload=key if payload is False else payload,
+            group=group,
+            attempts=attempts,
+            error=error,
+            traceback=tb,
+            died_at=died,
+        )
+        return ElementInfo(
+            queue=queue,
+            key=key,
+            payload=letter.payload,
+            group=group,
+            state="dead",
+            attempts=attempts,
+            error=error,
+            dead=letter,
+        )
 
     async def check(self) -> list[str]:
         """Every broken internal invariant (empty when consistent); run on a quiet queue."""

@@ -20,6 +20,7 @@ from ...types import (
     Claimed,
     ClaimResult,
     DeadLetter,
+    ElementInfo,
     Failure,
     GroupStats,
     LimitRule,
@@ -177,6 +178,9 @@ class SQLiteBackend:
         self, pattern: str = "*", *, limit: int = 100, include_idle: bool = False
     ) -> list[GroupStats]:
         return await self._call(self.engine.group_stats, pattern, limit, include_idle)
+
+    async def element(self, queue: str, key: str) -> ElementInfo | None:
+        return await self._call(self.engine.element, queue, key)
 
     async def check(self) -> list[str]:
         return await self._call(self.engine.check)

@@ -18,6 +18,7 @@ from ...types import (
     Claimed,
     ClaimResult,
     DeadLetter,
+    ElementInfo,
     Failure,
     GroupBy,
     GroupStats,
@@ -542,6 +543,56 @@ class Engine:
                 )
             )
         return stats
+
+    def element(self, queue: str, key: str) -> ElementInfo | None:
+        found = self._queue(queue)
+        if found is None:
+            raise UnknownQueue(queue)
+        params = {"queue_id": found.id, "h": key_hash(key), "key": key}
+        row = self.store.run("element_by_key", params).fetchone()
+        if row is not None:
+            key, payload, group, state, due, priority, attempts, lease, worker, error, nxt = row
+            names = {DELAYED: "delayed", READY: "due", RUNNING: "running"}
+            if state == DELAYED and due <= self.clock():
+                state = READY  # due, not yet promoted by a claim
+            return ElementInfo(
+                queue=queue,
+                key=key,
+                payload=payload,
+                group=group,
+                state=names[state],
+                due=due,
+                priority=priority,
+                attempts=attempts,
+                lease_until=lease,
+                worker=worker,
+                error=error,
+                next_due=nxt,
+            )
+        dead = self.store.run("dead_by_key", params).fetchone()
+        if dead is None:
+            return None
+        key, payload, group, attempts, error, tb, died = dead
+        letter = DeadLetter(
+            queue=queue,
+            key=key,
+            payload=payload,
+            group=group,
+            attempts=attempts,
+            error=error,
+            traceback=tb,
+            died_at=died,
+        )
+        return ElementInfo(
+            queue=queue,
+            key=key,
+            payload=payload,
+            group=group,
+            state="dead",
+            attempts=attempts,
+            error=error,
+            dead=letter,
+        )
 
     def check(self) -> list[str]:
         """Every broken internal invariant, as a sentence; empty when consistent."""

@@ -317,3 +317,14 @@ SELECT f.queue_id, f.group_id, f.head, NULL FROM frontier f
 SELECT f.queue_id, f.group_id, f.active, f.wake_at, g.gate
   FROM frontier f JOIN group_gate g ON g.id = f.group_id
  WHERE (f.active AND g.gate > :now) OR (NOT f.active AND f.wake_at != g.gate);
+
+-- name: element_by_key
+SELECT e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.attempts,
+       e.lease_until, e.worker, e.error, e.next_due
+  FROM elements e JOIN groups g ON g.id = e.group_id
+ WHERE e.queue_id = :queue_id AND e.h = :h AND e.key = :key;
+
+-- name: dead_by_key
+SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at
+  FROM dead d JOIN groups g ON g.id = d.group_id
+ WHERE d.queue_id = :queue_id AND d.key = :key;
