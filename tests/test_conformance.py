@@ -516,6 +516,33 @@ async def test_one_element_can_be_looked_up_in_every_state(
         await backend.element("nope", '"now"')
 
 
+async def test_workers_show_their_slots_and_the_elements_they_hold(
+    backend: Backend, clock: ManualClock
+) -> None:
+    from crawlq.types import WorkerInfo
+
+    me = WorkerInfo(
+        id="test-worker",
+        host="h",
+        pid=1,
+        queues=("jobs",),
+        started=clock(),
+        heartbeat=0,
+        concurrency=7,
+    )
+    await backend.register_worker(me)
+    await schedule(backend, "jobs", ["a", "b", "c"])
+    taken = await claim(backend, "jobs", limit=2)
+    (live,) = await backend.workers()
+    assert (live.running, live.concurrency) == (2, 7)
+    held = await backend.worker_elements("test-worker")
+    assert sorted(e.key for e in held) == sorted(c.key for c in taken)
+    assert {e.state for e in held} == {"running"}
+    await backend.ack(taken[:1])
+    assert [e.key for e in await backend.worker_elements("test-worker")] == [taken[1].key]
+    assert await backend.worker_elements("someone-else") == []
+
+
 # -- 8. seen memory ----------------------------------------------------------------------------
 
 

@@ -173,6 +173,7 @@ class WorkerInfo:
     started: float
     heartbeat: float
     running: int = 0
+    concurrency: int = 0  # task slots; 0 when unknown
     wake_address: str = field(default="", repr=False)
 
 

@@ -85,6 +85,8 @@ def test_every_page_live_in_chromium_and_a_dead_letter_requeued_by_click(
     page.click("nav >> text=Workers")
     worker = page.locator("#workers tbody tr", has_text=str(board.processes["worker"].pid))
     expect(worker.locator("[data-field='running']")).to_have_text("5", timeout=LIVE)
+    expect(worker.locator(".held")).to_contain_text("held: 1")
+    expect(worker).to_contain_text("5 / ")
     shot(page, board, "workers")
 
     # Dead letters: re-queue one by clicking, confirm; the worker then runs it (healed).

@@ -90,6 +90,9 @@ class Backend(Protocol):
         """One element's current state by its key (canonical JSON or the task's key), whether
         queued, running or dead; None when the queue holds no such element."""
 
+    async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:
+        """Up to `limit` elements the worker holds now."""
+
     async def check(self) -> list[str]:
         """Every broken internal invariant, as a sentence; empty when consistent. Reads the
         whole store: for tests and `crawlq check`, on a quiet queue."""

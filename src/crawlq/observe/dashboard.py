@@ -37,6 +37,8 @@ from .security import MAX_FORM_BYTES, Guard, GuardMiddleware
 
 HERE = Path(__file__).parent
 DEAD_PAGE = 50
+#: Elements listed under each worker on the workers page.
+WORKER_ELEMENTS = 10
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 REFRESH_MS = 1500
 #: Pages without a part that updates itself.
@@ -196,8 +198,17 @@ class Dashboard:
 
     async def workers_page(self, request: Request) -> Response:
         workers = await self.observer.workers()
+        held = {
+            w.id: await self.backend.worker_elements(w.id, limit=WORKER_ELEMENTS) for w in workers
+        }
         return self._render(
-            request, "workers.html", workers=workers, now=self.backend.now(), page="workers"
+            request,
+            "workers.html",
+            workers=workers,
+            held=held,
+            shown=WORKER_ELEMENTS,
+            now=self.backend.now(),
+            page="workers",
         )
 
     async def dead_page(self, request: Request) -> Response:

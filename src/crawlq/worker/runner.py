@@ -117,6 +117,7 @@ class Worker:
             started=backend.now(),
             heartbeat=backend.now(),
             wake_address=listener.address,
+            concurrency=self.concurrency,
         )
         await backend.register_worker(info)
         heartbeats = asyncio.create_task(

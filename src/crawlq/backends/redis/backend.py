@@ -204,6 +204,16 @@ class RedisBackend:
         except RedisError as exc:
             raise BackendError(f"Redis at {self.url} failed: {exc}") from None
 
+    async def _hget(self, key: str, field: bytes | str) -> bytes | None:
+        async def read() -> bytes | None:
+            client: Any = self.client  # redis-py types hget "str -> awaitable or value"
+            pending: Any = client.hget(key, field)
+            raw: bytes | None = await pending
+            return raw
+
+        raw: bytes | None = await self._call(read)
+        return raw
+
     def _queue_key(self, queue: str, kind: str) -> str:
         return f"{self.prefix}q:{len(queue.encode())}:{queue}:{kind}"
 
@@ -319,30 +329,38 @@ class RedisBackend:
     # -- workers ------------------------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo) -> None:
-        info = [worker.id, worker.host, worker.pid, ",".join(worker.queues), worker.wake_address]
+        info = [
+            worker.id,
+            worker.host,
+            worker.pid,
+            ",".join(worker.queues),
+            worker.wake_address,
+            worker.concurrency,
+        ]
         await self._run("workers", info, repr(WORKER_TTL))
 
     async def unregister_worker(self, worker_id: str) -> None:
         async def forget() -> None:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.hdel(self.prefix + "workers", worker_id)
-                pipe.hdel(self.prefix + "wrun", worker_id)
+                pipe.delete(self.prefix + "w:" + worker_id)
                 await pipe.execute()
 
         await self._call(forget)
 
     async def workers(self) -> list[WorkerInfo]:
-        async def read() -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hgetall(self.prefix + "workers")
-                pipe.hgetall(self.prefix + "wrun")
-                infos, running = await pipe.execute()
-            return infos, running
+        async def read() -> tuple[dict[bytes, bytes], list[int]]:
+            infos = await self.client.hgetall(self.prefix + "workers")  # type: ignore[misc]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for wid in infos:
+                    pipe.scard(self.prefix + "w:" + wid.decode())
+                held = await pipe.execute()
+            return infos, held
 
-        infos, running = await self._call(read)
+        infos, held = await self._call(read)
         found = []
-        for wid, raw in infos.items():
-            host, pid, queues, started, beat, address = _unpacked(raw)
+        for (wid, raw), running in zip(infos.items(), held, strict=True):
+            host, pid, queues, started, beat, address, concurrency = _unpacked(raw)
             found.append(
                 WorkerInfo(
                     id=wid.decode(),
@@ -352,7 +370,8 @@ class RedisBackend:
                     started=started,
                     heartbeat=beat,
                     wake_address=address,
-                    running=int(running.get(wid, 0)),
+                    running=int(running),
+                    concurrency=concurrency,
                 )
             )
         return sorted(found, key=lambda w: w.started)
@@ -437,29 +456,13 @@ class RedisBackend:
         digest = bytes.fromhex(_digests(key)[0])
         rec = None
         for field in (digest, digest + key.encode()):
-            raw = await self._call(lambda f=field: self.client.hget(records, f))  # type: ignore[misc]
+            raw = await self._hget(records, field)
             if raw is not None and (found := _unpacked(raw))[12] == key:
                 rec = found
                 break
         if rec is not None:
-            state = ("delayed", "due", "running")[rec[5]]
-            if state == "delayed" and rec[4] <= self.now():
-                state = "due"  # due, not yet promoted by a claim
-            return ElementInfo(
-                queue=queue,
-                key=key,
-                payload=rec[1] if rec[1] is not False else key,
-                group=rec[2],
-                state=state,
-                due=float(rec[4]),
-                priority=int(rec[3]),
-                attempts=rec[6],
-                lease_until=None if rec[7] is False else rec[7],
-                worker=None if rec[8] is False else rec[8],
-                error=None if rec[11] is False else rec[11],
-                next_due=None if rec[9] is False else rec[9],
-            )
-        raw = await self._call(lambda: self.client.hget(dead, key))
+            return self._element_info(queue, rec)
+        raw = await self._hget(dead, key)
         if raw is None:
             return None
         payload, group, attempts, error, tb, died, _ = _unpacked(raw)
@@ -483,6 +486,42 @@ class RedisBackend:
             error=error,
             dead=letter,
         )
+
+    def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
+        """An element record (lua/common.lua, REC) as an ElementInfo."""
+        key = rec[12]
+        state = ("delayed", "due", "running")[rec[5]]
+        if state == "delayed" and rec[4] <= self.now():
+            state = "due"  # due, not yet promoted by a claim
+        return ElementInfo(
+            queue=queue,
+            key=key,
+            payload=rec[1] if rec[1] is not False else key,
+            group=rec[2],
+            state=state,
+            due=float(rec[4]),
+            priority=int(rec[3]),
+            attempts=rec[6],
+            lease_until=None if rec[7] is False else rec[7],
+            worker=None if rec[8] is False else rec[8],
+            error=None if rec[11] is False else rec[11],
+            next_due=None if rec[9] is False else rec[9],
+        )
+
+    async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:
+        members: list[bytes] = []
+        async for member in self.client.sscan_iter(self.prefix + "w:" + worker_id, count=limit):
+            members.append(member)
+            if len(members) >= limit:
+                break
+        found = []
+        for member in sorted(members):
+            length, _, rest = member.partition(b":")
+            queue, field = rest[: int(length)].decode(), rest[int(length) :]
+            raw = await self._hget(self._queue_key(queue, "e"), field)
+            if raw is not None:
+                found.append(self._element_info(queue, _unpacked(raw)))
+        return found
 
     async def check(self) -> list[str]:
         """Every broken internal invariant (empty when consistent); run on a quiet queue."""

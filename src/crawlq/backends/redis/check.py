@@ -52,7 +52,7 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     leases = dict(await client.zrange(prefix + "leases", 0, -1, withscores=True))
     queued_by_group: Counter[str] = Counter()
     running_by_group: Counter[str] = Counter()
-    running_by_worker: Counter[str] = Counter()
+    held_by_worker: dict[str, set[bytes]] = {}
     seen_leases: set[bytes] = set()
 
     def key(queue: str, kind: str) -> str:
@@ -82,7 +82,7 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
                 if leases.get(member) != float(rec[LEASE]):
                     problems.append(f"{where}: running but its lease is not in the lease set")
                 if rec[WORKER]:
-                    running_by_worker[rec[WORKER]] += 1
+                    held_by_worker.setdefault(rec[WORKER], set()).add(member)
             else:
                 problems.append(f"{where}: unknown state {state}")
             if state in (DELAYED, READY):
@@ -124,11 +124,13 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     }
     if busy != expected:
         problems.append(f"busy-group index {busy}, elements say {expected}")
-    counted = {
-        w.decode(): int(n) for w, n in (await client.hgetall(prefix + "wrun")).items() if int(n)
-    }
-    if counted != dict(running_by_worker):
-        problems.append(f"running per worker {counted}, elements say {dict(running_by_worker)}")
+    held = {}
+    async for name in client.scan_iter(match=prefix + "w:*"):
+        members = await client.smembers(name)
+        if members:
+            held[name.decode()[len(prefix) + 2 :]] = set(members)
+    if held != held_by_worker:
+        problems.append(f"elements held per worker {held}, records say {held_by_worker}")
     return problems
 
 

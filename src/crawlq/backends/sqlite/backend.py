@@ -182,6 +182,9 @@ class SQLiteBackend:
     async def element(self, queue: str, key: str) -> ElementInfo | None:
         return await self._call(self.engine.element, queue, key)
 
+    async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:
+        return await self._call(self.engine.worker_elements, worker_id, limit)
+
     async def check(self) -> list[str]:
         return await self._call(self.engine.check)
 

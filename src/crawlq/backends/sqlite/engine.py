@@ -8,7 +8,7 @@ running count, start time, limits or block change.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ...errors import UnknownQueue
 from ...identity import key_hash
@@ -428,6 +428,7 @@ class Engine:
                     "queues": ",".join(worker.queues),
                     "now": now,
                     "wake_address": worker.wake_address,
+                    "concurrency": worker.concurrency,
                 },
             )
 
@@ -446,9 +447,10 @@ class Engine:
                 heartbeat=beat,
                 wake_address=address,
                 running=running,
+                concurrency=concurrency,
             )
-            for wid, host, pid, queues, started, beat, address, running in self.store.run(
-                "workers_all"
+            for wid, host, pid, queues, started, beat, address, running, concurrency in (
+                self.store.run("workers_all")
             )
         ]
 
@@ -551,24 +553,7 @@ class Engine:
         params = {"queue_id": found.id, "h": key_hash(key), "key": key}
         row = self.store.run("element_by_key", params).fetchone()
         if row is not None:
-            key, payload, group, state, due, priority, attempts, lease, worker, error, nxt = row
-            names = {DELAYED: "delayed", READY: "due", RUNNING: "running"}
-            if state == DELAYED and due <= self.clock():
-                state = READY  # due, not yet promoted by a claim
-            return ElementInfo(
-                queue=queue,
-                key=key,
-                payload=payload,
-                group=group,
-                state=names[state],
-                due=due,
-                priority=priority,
-                attempts=attempts,
-                lease_until=lease,
-                worker=worker,
-                error=error,
-                next_due=nxt,
-            )
+            return self._element_info(queue, row)
         dead = self.store.run("dead_by_key", params).fetchone()
         if dead is None:
             return None
@@ -593,6 +578,30 @@ class Engine:
             error=error,
             dead=letter,
         )
+
+    def _element_info(self, queue: str, row: tuple[Any, ...]) -> ElementInfo:
+        key, payload, group, state, due, priority, attempts, lease, worker, error, nxt = row
+        names = {DELAYED: "delayed", READY: "due", RUNNING: "running"}
+        if state == DELAYED and due <= self.clock():
+            state = READY  # due, not yet promoted by a claim
+        return ElementInfo(
+            queue=queue,
+            key=key,
+            payload=payload,
+            group=group,
+            state=names[state],
+            due=due,
+            priority=priority,
+            attempts=attempts,
+            lease_until=lease,
+            worker=worker,
+            error=error,
+            next_due=nxt,
+        )
+
+    def worker_elements(self, worker_id: str, limit: int) -> list[ElementInfo]:
+        rows = self.store.run("worker_elements", {"worker": worker_id, "limit": limit})
+        return [self._element_info(queue, tuple(rest)) for queue, *rest in rows]
 
     def check(self) -> list[str]:
         """Every broken internal invariant, as a sentence; empty when consistent."""

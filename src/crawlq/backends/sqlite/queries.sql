@@ -253,8 +253,8 @@ DELETE FROM dead WHERE id IN (SELECT id FROM dead WHERE queue_id = :queue_id LIM
 RETURNING key, payload, group_id;
 
 -- name: worker_upsert
-INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address)
-VALUES (:id, :host, :pid, :queues, :now, :now, :wake_address)
+INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address, concurrency)
+VALUES (:id, :host, :pid, :queues, :now, :now, :wake_address, :concurrency)
     ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat;
 
 -- name: worker_heartbeat
@@ -268,7 +268,7 @@ DELETE FROM workers WHERE heartbeat < :before;
 
 -- name: workers_all
 SELECT w.id, w.host, w.pid, w.queues, w.started, w.heartbeat, w.wake_address,
-       (SELECT count(*) FROM elements e WHERE e.worker = w.id AND e.state = 2)
+       (SELECT count(*) FROM elements e WHERE e.worker = w.id AND e.state = 2), w.concurrency
   FROM workers w ORDER BY w.started;
 
 -- name: wake_addresses
@@ -328,3 +328,11 @@ SELECT e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.
 SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at
   FROM dead d JOIN groups g ON g.id = d.group_id
  WHERE d.queue_id = :queue_id AND d.key = :key;
+
+-- name: worker_elements
+SELECT q.name, e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.attempts,
+       e.lease_until, e.worker, e.error, e.next_due
+  FROM elements e JOIN queues q ON q.id = e.queue_id JOIN groups g ON g.id = e.group_id
+ WHERE e.worker = :worker AND e.state = 2
+ ORDER BY q.name, e.key
+ LIMIT :limit;

@@ -73,6 +73,7 @@ local function take(queue, group, field)
     save(queue, field, rec)
     table.insert(lease_adds, lease_score)
     table.insert(lease_adds, lease_member(queue, field))
+    hold(held_adds, worker, lease_member(queue, field))
     local key = rec[KEY]
     table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
                           rec[ATTEMPTS], rec[ID]})
@@ -133,7 +134,6 @@ while #result - 2 < limit do
         count(queue, RUNNING, taken)
         group_count(group, 'q', -taken)
         group_count(group, 'r', taken)
-        add(P .. 'wrun', worker, taken)
         if group ~= '' then redis.call('HSET', gkey(group), 'ls', fmt(NOW)) end
         if gate(group) <= NOW then
             -- Still open: only this row's head moved; the group's other rows stay active.

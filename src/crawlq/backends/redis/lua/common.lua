@@ -19,7 +19,7 @@
 --                              r running, ls last start, bu blocked until, br block reason
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
---   P wrun              hash   worker id -> elements it holds
+--   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake              pubsub channel: something became claimable
 --   P q:<#q>:<q>:e      hash   field -> msgpack element record (see REC below). An element's
 --                              field is the 8-byte digest of its key; the rare key whose digest
@@ -151,8 +151,24 @@ local function group_count(group, field, delta)
     if group ~= '' then add(gkey(group), field, delta) end
 end
 
--- Lease set changes, applied in bulk by `flush` too (nothing reads the set before then).
+-- Lease set and worker set changes, applied in bulk by `flush` too (nothing reads them before).
 local lease_adds, lease_removals = {}, {}
+local held_adds, held_removals = {}, {}  -- worker -> lease members
+
+local function hold(by_worker, worker, member)
+    local members = by_worker[worker]
+    if members == nil then
+        members = {}
+        by_worker[worker] = members
+    end
+    table.insert(members, member)
+end
+
+local function apply_chunked(command, key, members)
+    for i = 1, #members, 1000 do
+        redis.call(command, key, unpack(members, i, math.min(i + 999, #members)))
+    end
+end
 
 local GROUP_PREFIX = P .. 'g:'
 
@@ -173,13 +189,12 @@ local function flush()
         end
     end
     deltas = {}
-    for i = 1, #lease_removals, 1000 do
-        redis.call('ZREM', P .. 'leases', unpack(lease_removals, i, math.min(i + 999, #lease_removals)))
-    end
-    for i = 1, #lease_adds, 1000 do
-        redis.call('ZADD', P .. 'leases', unpack(lease_adds, i, math.min(i + 999, #lease_adds)))
-    end
+    apply_chunked('ZREM', P .. 'leases', lease_removals)
+    apply_chunked('ZADD', P .. 'leases', lease_adds)  -- score, member pairs: chunks stay even
     lease_adds, lease_removals = {}, {}
+    for worker, members in pairs(held_removals) do apply_chunked('SREM', P .. 'w:' .. worker, members) end
+    for worker, members in pairs(held_adds) do apply_chunked('SADD', P .. 'w:' .. worker, members) end
+    held_adds, held_removals = {}, {}
 end
 
 local queue_names = nil
@@ -337,7 +352,7 @@ local function unplace(queue, field, rec, touched)
         touch(touched, queue, rec[GROUP])
     elseif state == RUNNING then
         table.insert(lease_removals, lease_member(queue, field))
-        if rec[WORKER] then add(P .. 'wrun', rec[WORKER], -1) end
+        if rec[WORKER] then hold(held_removals, rec[WORKER], lease_member(queue, field)) end
         rec[LEASE], rec[WORKER] = false, false
     end
     count(queue, state, -1)
