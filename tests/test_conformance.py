@@ -516,6 +516,32 @@ async def test_one_element_can_be_looked_up_in_every_state(
         await backend.element("nope", '"now"')
 
 
+async def test_an_elements_history_tells_each_attempt_and_how_it_ended(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["flaky"])
+    (first,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=first, error="timeout", retry_at=clock())])
+    (second,) = await claim(backend, "jobs")
+    await backend.release([second])
+    await claim(backend, "jobs", lease=5)  # its lease runs out
+    clock.advance(6)
+    (fourth,) = await claim(backend, "jobs")
+    running = await backend.element("jobs", '"flaky"')
+    assert running is not None
+    assert [(a.attempt, a.worker, a.outcome) for a in running.history] == [
+        (1, "test-worker", "timeout"),
+        (2, "test-worker", "released"),  # a released attempt is not counted: the next is 2 again
+        (2, "test-worker", "lease expired"),
+        (3, "test-worker", None),
+    ]
+    assert running.history[-1].claimed_at == clock()
+    await backend.fail([Failure(element=fourth, error="gave up")])
+    dead = await backend.element("jobs", '"flaky"')
+    assert dead is not None and dead.state == "dead"
+    assert [a.outcome for a in dead.history] == ["timeout", "released", "lease expired", "gave up"]
+
+
 async def test_workers_show_their_slots_and_the_elements_they_hold(
     backend: Backend, clock: ManualClock
 ) -> None:

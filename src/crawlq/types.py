@@ -178,6 +178,17 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Attempt:
+    """One run of an element: its number, when and by whom it was claimed, and how it ended
+    (None while it runs: "released", "lease expired", or the error that failed it)."""
+
+    attempt: int
+    claimed_at: float
+    worker: str
+    outcome: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ElementInfo:
     """One element as the backend holds it now: `state` is delayed, due, running or dead."""
 
@@ -194,3 +205,4 @@ class ElementInfo:
     error: str | None = None
     next_due: float | None = None
     dead: DeadLetter | None = None
+    history: tuple[Attempt, ...] = ()  # the last attempts, oldest first

@@ -121,11 +121,12 @@ def test_every_page_live_in_chromium_and_a_dead_letter_requeued_by_click(
     )
     expect(page.locator("#element")).to_contain_text("Dead: 1 attempt(s)")
     expect(page.locator("#element")).to_contain_text("simulated failure of http://a.test/fail/3")
-    expect(page.locator("#history-missing")).to_contain_text("Not kept")
+    expect(page.locator("#history")).to_contain_text("simulated failure of http://a.test/fail/3")
     shot(page, board, "element")
     page.goto(f"{board.base}/element?" + urlencode({"queue": "held", "key": "1"}, quote_via=quote))
     expect(page.locator("#element [data-field=state]")).to_have_text("running")
     expect(page.locator("#element")).to_contain_text("held by")
+    expect(page.locator("#history")).to_contain_text("running")
     shot(page, board, "element-running")
 
     # Back on the queues page: releasing the held elements empties the queue, live.

@@ -23,6 +23,7 @@ from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueu
 from ...identity import key_hash
 from ...limits import DEFAULT_LIMIT, specificity
 from ...types import (
+    Attempt,
     Claimed,
     ClaimResult,
     DeadLetter,
@@ -465,7 +466,7 @@ class RedisBackend:
         raw = await self._hget(dead, key)
         if raw is None:
             return None
-        payload, group, attempts, error, tb, died, _ = _unpacked(raw)
+        payload, group, attempts, error, tb, died, _, past = _unpacked(raw)
         letter = DeadLetter(
             queue=queue,
             key=key,
@@ -485,6 +486,7 @@ class RedisBackend:
             attempts=attempts,
             error=error,
             dead=letter,
+            history=_attempts(past),
         )
 
     def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
@@ -506,6 +508,7 @@ class RedisBackend:
             worker=None if rec[8] is False else rec[8],
             error=None if rec[11] is False else rec[11],
             next_due=None if rec[9] is False else rec[9],
+            history=_attempts(rec[13] if len(rec) > 13 else []),
         )
 
     async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:
@@ -546,7 +549,7 @@ class RedisBackend:
         for key, raw in zip(keys, letters, strict=True):
             if raw is None:
                 continue
-            payload, group, attempts, error, tb, died, _ = _unpacked(raw)
+            payload, group, attempts, error, tb, died, *_ = _unpacked(raw)
             found.append(
                 DeadLetter(
                     queue=queue,
@@ -572,6 +575,13 @@ class RedisBackend:
         return int(
             await self._run("dead", [queue, False, list(keys) if keys is not None else False])
         )
+
+
+def _attempts(history: list[list[Any]]) -> tuple[Attempt, ...]:
+    return tuple(
+        Attempt(attempt=n, claimed_at=at, worker=worker, outcome=outcome or None)
+        for n, at, worker, outcome in history
+    )
 
 
 def _rule(rule: LimitRule) -> list[Any]:

@@ -7,6 +7,7 @@ running count, start time, limits or block change.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ from ...identity import key_hash
 from ...limits import UNLIMITED, resolve
 from ...types import (
     NEVER,
+    Attempt,
     Claimed,
     ClaimResult,
     DeadLetter,
@@ -66,6 +68,14 @@ class _Queue:
     def __init__(self, queue_id: int, seen: bool) -> None:
         self.id = queue_id
         self.seen = seen
+
+
+def attempts_of(history: str | None) -> tuple[Attempt, ...]:
+    """The stored JSON history as Attempt values."""
+    return tuple(
+        Attempt(attempt=n, claimed_at=at, worker=worker or "", outcome=outcome)
+        for n, at, worker, outcome in json.loads(history or "[]")
+    )
 
 
 class Engine:
@@ -267,7 +277,8 @@ class Engine:
     ) -> Claimed:
         store = self.store
         key, payload, attempts, priority, due = store.run(
-            "take_element", {"id": head, "lease_until": lease_until, "worker": worker}
+            "take_element",
+            {"id": head, "lease_until": lease_until, "worker": worker, "now": now},
         ).fetchone()
         queue_id = self._queues[queue].id
         if group_id != NO_GROUP_ID:
@@ -557,7 +568,7 @@ class Engine:
         dead = self.store.run("dead_by_key", params).fetchone()
         if dead is None:
             return None
-        key, payload, group, attempts, error, tb, died = dead
+        key, payload, group, attempts, error, tb, died, past = dead
         letter = DeadLetter(
             queue=queue,
             key=key,
@@ -577,10 +588,11 @@ class Engine:
             attempts=attempts,
             error=error,
             dead=letter,
+            history=attempts_of(past),
         )
 
     def _element_info(self, queue: str, row: tuple[Any, ...]) -> ElementInfo:
-        key, payload, group, state, due, priority, attempts, lease, worker, error, nxt = row
+        key, payload, group, state, due, priority, attempts, lease, worker, error, nxt, past = row
         names = {DELAYED: "delayed", READY: "due", RUNNING: "running"}
         if state == DELAYED and due <= self.clock():
             state = READY  # due, not yet promoted by a claim
@@ -597,6 +609,7 @@ class Engine:
             worker=worker,
             error=error,
             next_due=nxt,
+            history=attempts_of(past),
         )
 
     def worker_elements(self, worker_id: str, limit: int) -> list[ElementInfo]:

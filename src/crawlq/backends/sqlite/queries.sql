@@ -117,8 +117,13 @@ SELECT group_id, priority, due, head FROM frontier
  LIMIT 1;
 
 -- name: take_element
+-- The attempt joins the history, which keeps the last 10.
 UPDATE elements
-   SET state = 2, attempts = attempts + 1, lease_until = :lease_until, worker = :worker
+   SET state = 2, attempts = attempts + 1, lease_until = :lease_until, worker = :worker,
+       history = json_insert(
+           CASE WHEN json_array_length(coalesce(history, '[]')) >= 10
+                THEN json_remove(history, '$[0]') ELSE coalesce(history, '[]') END,
+           '$[#]', json_array(attempts + 1, :now, :worker, NULL))
  WHERE id = :id
 RETURNING key, coalesce(payload, key), attempts, priority, due;
 
@@ -148,7 +153,8 @@ UPDATE elements
        state = CASE WHEN coalesce(next_due, :due, due) > :now THEN 0 ELSE 1 END,
        attempts = CASE WHEN next_due IS NULL THEN attempts + :attempts_delta ELSE 0 END,
        next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
-       error = coalesce(:error, error)
+       error = coalesce(:error, error),
+       history = json_set(history, '$[#-1][3]', coalesce(:error, 'released'))
  WHERE id = :id
 RETURNING state;
 
@@ -158,7 +164,7 @@ UPDATE elements
    SET due = next_due, priority = next_priority,
        state = CASE WHEN next_due > :now THEN 0 ELSE 1 END,
        attempts = 0, next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
-       error = NULL
+       error = NULL, history = json_set(history, '$[#-1][3]', 'done, scheduled again')
  WHERE id = :id;
 
 -- name: delete_element
@@ -168,12 +174,14 @@ DELETE FROM elements WHERE id = :id;
 INSERT OR IGNORE INTO seen (queue_id, h) VALUES (:queue_id, :h);
 
 -- name: bury
-INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at)
-SELECT queue_id, key, payload, group_id, attempts, :error, :traceback, :now
+INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at, history)
+SELECT queue_id, key, payload, group_id, attempts, :error, :traceback, :now,
+       json_set(history, '$[#-1][3]', :error)
   FROM elements WHERE id = :id
     ON CONFLICT (queue_id, key) DO UPDATE
    SET payload = excluded.payload, group_id = excluded.group_id, attempts = excluded.attempts,
-       error = excluded.error, traceback = excluded.traceback, died_at = excluded.died_at;
+       error = excluded.error, traceback = excluded.traceback, died_at = excluded.died_at,
+       history = excluded.history;
 
 -- name: extend_lease
 UPDATE elements SET lease_until = :lease_until
@@ -320,18 +328,19 @@ SELECT f.queue_id, f.group_id, f.active, f.wake_at, g.gate
 
 -- name: element_by_key
 SELECT e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.attempts,
-       e.lease_until, e.worker, e.error, e.next_due
+       e.lease_until, e.worker, e.error, e.next_due, e.history
   FROM elements e JOIN groups g ON g.id = e.group_id
  WHERE e.queue_id = :queue_id AND e.h = :h AND e.key = :key;
 
 -- name: dead_by_key
-SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at
+SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at,
+       d.history
   FROM dead d JOIN groups g ON g.id = d.group_id
  WHERE d.queue_id = :queue_id AND d.key = :key;
 
 -- name: worker_elements
 SELECT q.name, e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.attempts,
-       e.lease_until, e.worker, e.error, e.next_due
+       e.lease_until, e.worker, e.error, e.next_due, e.history
   FROM elements e JOIN queues q ON q.id = e.queue_id JOIN groups g ON g.id = e.group_id
  WHERE e.worker = :worker AND e.state = 2
  ORDER BY q.name, e.key

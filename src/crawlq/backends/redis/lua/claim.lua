@@ -70,6 +70,10 @@ local lease_until, lease_score = NOW + lease, fmt(NOW + lease)
 local function take(queue, group, field)
     local rec = load(queue, field)
     rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
+    local history = rec[HISTORY] or {}
+    if #history >= HISTORY_SIZE then table.remove(history, 1) end
+    table.insert(history, {rec[ATTEMPTS], NOW, worker, false})
+    rec[HISTORY] = history
     save(queue, field, rec)
     table.insert(lease_adds, lease_score)
     table.insert(lease_adds, lease_member(queue, field))

@@ -36,7 +36,7 @@
 --   P q:<#q>:<q>:fw     zset   frontier, waiting rows: group by gate (when the group admits a start)
 --   P q:<#q>:<q>:fr     hash   group -> its active member in fa, or "" while waiting in fw
 --   P q:<#q>:<q>:x      hash   dead letters: key -> msgpack {payload, group, attempts, error,
---                              traceback, died_at, digest as hex}
+--                              traceback, died_at, digest as hex, history}
 --   P q:<#q>:<q>:xo     zset   dead keys by time of death
 --   P q:<#q>:<q>:s:<b>  set    seen: 64-bit digests of finished keys, in 2^18 buckets so each
 --                              stays a compact intset (8 bytes an entry)
@@ -52,7 +52,10 @@ local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL).
 local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER, NEXT_DUE, NEXT_PRIORITY, ERROR,
-      KEY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+      KEY, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
+-- HISTORY, once the element ran: its last attempts, {attempt, claimed at, worker, outcome or
+-- false while running}, at most HISTORY_SIZE.
+local HISTORY_SIZE = 10
 local RANK_SIZE = 16
 
 local function fmt(x)
@@ -358,9 +361,18 @@ local function unplace(queue, field, rec, touched)
     count(queue, state, -1)
 end
 
+-- The run that just ended, in the history: how it ended (kept if already said).
+local function set_outcome(rec, outcome)
+    local history = rec[HISTORY]
+    if history and #history > 0 and not history[#history][4] then
+        history[#history][4] = outcome
+    end
+end
+
 -- Back to the queue from a run: at `due` (false keeps its own), or at the schedule that
 -- arrived while it ran, which also starts its attempts afresh.
 local function requeue(queue, field, rec, due, attempts_delta, err, touched)
+    set_outcome(rec, err or 'released')
     unplace(queue, field, rec, touched)
     group_count(rec[GROUP], 'r', -1)
     group_count(rec[GROUP], 'q', 1)
@@ -388,6 +400,7 @@ local function finish(queue, field, rec, seen_digest, bucket, touched)
     remember_seen(queue, seen_digest, bucket)
     if rec[STATE] == RUNNING and rec[NEXT_DUE] then
         rec[ERROR] = false
+        set_outcome(rec, 'done, scheduled again')
         requeue(queue, field, rec, false, 0, false, touched)
         return
     end

@@ -21,7 +21,9 @@ for i = 2, #args do
             requeue(queue, field, rec, retry_at, 0, err, touched)
         else
             local dead = qkey(queue, 'x')
-            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex}
+            set_outcome(rec, err)
+            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex,
+                            rec[HISTORY] or {}}
             if redis.call('HSET', dead, key, cmsgpack.pack(letter)) == 1 then
                 count(queue, DEAD, 1)
             end
