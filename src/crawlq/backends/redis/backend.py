@@ -41,6 +41,7 @@ from ...types import (
 )
 from ...wakeup import Listener
 from ..batch import merge
+from ..views import dead_element, live_element
 from .check import check
 from .globs import lua_pattern
 from .listener import RedisListener
@@ -477,30 +478,17 @@ class RedisBackend:
             traceback=tb,
             died_at=died,
         )
-        return ElementInfo(
-            queue=queue,
-            key=key,
-            payload=letter.payload,
-            group=group,
-            state="dead",
-            attempts=attempts,
-            error=error,
-            dead=letter,
-            history=_attempts(past),
-        )
+        return dead_element(letter, _attempts(past))
 
     def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
         """An element record (lua/common.lua, REC) as an ElementInfo."""
         key = rec[12]
-        state = ("delayed", "due", "running")[rec[5]]
-        if state == "delayed" and rec[4] <= self.now():
-            state = "due"  # due, not yet promoted by a claim
-        return ElementInfo(
+        return live_element(
             queue=queue,
             key=key,
             payload=rec[1] if rec[1] is not False else key,
             group=rec[2],
-            state=state,
+            state=rec[5],
             due=float(rec[4]),
             priority=int(rec[3]),
             attempts=rec[6],
@@ -509,6 +497,7 @@ class RedisBackend:
             error=None if rec[11] is False else rec[11],
             next_due=None if rec[9] is False else rec[9],
             history=_attempts(rec[13] if len(rec) > 13 else []),
+            now=self.now(),
         )
 
     async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:

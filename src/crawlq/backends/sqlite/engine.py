@@ -34,6 +34,7 @@ from ...types import (
     WorkerInfo,
 )
 from ..batch import merge
+from ..views import dead_element, live_element
 from .store import Store
 
 DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
@@ -579,29 +580,16 @@ class Engine:
             traceback=tb,
             died_at=died,
         )
-        return ElementInfo(
-            queue=queue,
-            key=key,
-            payload=payload,
-            group=group,
-            state="dead",
-            attempts=attempts,
-            error=error,
-            dead=letter,
-            history=attempts_of(past),
-        )
+        return dead_element(letter, attempts_of(past))
 
     def _element_info(self, queue: str, row: tuple[Any, ...]) -> ElementInfo:
         key, payload, group, state, due, priority, attempts, lease, worker, error, nxt, past = row
-        names = {DELAYED: "delayed", READY: "due", RUNNING: "running"}
-        if state == DELAYED and due <= self.clock():
-            state = READY  # due, not yet promoted by a claim
-        return ElementInfo(
+        return live_element(
             queue=queue,
             key=key,
             payload=payload,
             group=group,
-            state=names[state],
+            state=state,
             due=due,
             priority=priority,
             attempts=attempts,
@@ -610,6 +598,7 @@ class Engine:
             error=error,
             next_due=nxt,
             history=attempts_of(past),
+            now=self.clock(),
         )
 
     def worker_elements(self, worker_id: str, limit: int) -> list[ElementInfo]:
