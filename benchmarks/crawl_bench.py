@@ -472,7 +472,7 @@ Notes:
   when the previous request's headers went out (robots.txt included): the server's arrival
   stamps lag by a few milliseconds when many requests land at once, and without the margin
   that showed as intervals of 0.499 s. The margin costs about 0.2 s over the polite crawl's
-  20 intervals, which is why the polite row sits above the 2% target.
+  20 intervals at most (the polite crawl's time against its lower bound is in the table).
 - A request can reach a host just after its 429/503 was answered and before the crawler has
   read that answer (up to 4 are in flight per host); those are counted as violations too,
   and shown apart. crawlq blocks the host in the queue and checks the block again right
