@@ -467,17 +467,7 @@ class RedisBackend:
         raw = await self._hget(dead, key)
         if raw is None:
             return None
-        payload, group, attempts, error, tb, died, _, past = _unpacked(raw)
-        letter = DeadLetter(
-            queue=queue,
-            key=key,
-            payload=key if payload is False else payload,
-            group=group,
-            attempts=attempts,
-            error=error,
-            traceback=tb,
-            died_at=died,
-        )
+        letter, past = _dead_letter(queue, key, raw)
         return dead_element(letter, _attempts(past))
 
     def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
@@ -538,19 +528,7 @@ class RedisBackend:
         for key, raw in zip(keys, letters, strict=True):
             if raw is None:
                 continue
-            payload, group, attempts, error, tb, died, *_ = _unpacked(raw)
-            found.append(
-                DeadLetter(
-                    queue=queue,
-                    key=key.decode(),
-                    payload=key.decode() if payload is False else payload,
-                    group=group,
-                    attempts=attempts,
-                    error=error,
-                    traceback=tb,
-                    died_at=died,
-                )
-            )
+            found.append(_dead_letter(queue, key.decode(), raw)[0])
         return found
 
     async def requeue_dead(self, queue: str, keys: Sequence[str] | None = None) -> int:
@@ -564,6 +542,22 @@ class RedisBackend:
         return int(
             await self._run("dead", [queue, False, list(keys) if keys is not None else False])
         )
+
+
+def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[list[Any]]]:
+    """A stored dead letter (lua/common.lua, `x`) and the history it keeps."""
+    payload, group, attempts, error, tb, died, _, history = _unpacked(raw)
+    letter = DeadLetter(
+        queue=queue,
+        key=key,
+        payload=key if payload is False else payload,
+        group=group,
+        attempts=attempts,
+        error=error,
+        traceback=tb,
+        died_at=died,
+    )
+    return letter, history
 
 
 def _attempts(history: list[list[Any]]) -> tuple[Attempt, ...]:

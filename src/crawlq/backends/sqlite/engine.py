@@ -79,6 +79,22 @@ def attempts_of(history: str | None) -> tuple[Attempt, ...]:
     )
 
 
+def _dead_letter(queue: str, row: Sequence[Any]) -> DeadLetter:
+    """A row of `dead_list` or `dead_by_key` (key, payload, group, attempts, error, traceback,
+    died at) as a DeadLetter."""
+    key, payload, group, attempts, error, tb, died = row
+    return DeadLetter(
+        queue=queue,
+        key=key,
+        payload=payload,
+        group=group,
+        attempts=attempts,
+        error=error,
+        traceback=tb,
+        died_at=died,
+    )
+
+
 class Engine:
     def __init__(self, store: Store, clock: Callable[[], float]) -> None:
         self.store = store
@@ -569,18 +585,8 @@ class Engine:
         dead = self.store.run("dead_by_key", params).fetchone()
         if dead is None:
             return None
-        key, payload, group, attempts, error, tb, died, past = dead
-        letter = DeadLetter(
-            queue=queue,
-            key=key,
-            payload=payload,
-            group=group,
-            attempts=attempts,
-            error=error,
-            traceback=tb,
-            died_at=died,
-        )
-        return dead_element(letter, attempts_of(past))
+        *row, past = dead
+        return dead_element(_dead_letter(queue, row), attempts_of(past))
 
     def _element_info(self, queue: str, row: tuple[Any, ...]) -> ElementInfo:
         key, payload, group, state, due, priority, attempts, lease, worker, error, nxt, past = row
@@ -641,19 +647,7 @@ class Engine:
         rows = self.store.run(
             "dead_list", {"queue_id": found.id, "limit": limit, "offset": offset}
         ).fetchall()
-        return [
-            DeadLetter(
-                queue=queue,
-                key=key,
-                payload=payload,
-                group=group,
-                attempts=attempts,
-                error=error,
-                traceback=tb,
-                died_at=died,
-            )
-            for key, payload, group, attempts, error, tb, died in rows
-        ]
+        return [_dead_letter(queue, row) for row in rows]
 
     def take_dead(
         self, queue: str, keys: Sequence[str] | None, requeue: bool
