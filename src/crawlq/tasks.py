@@ -97,14 +97,20 @@ class Task(Generic[R]):
         )
 
     async def run(self, ctx: Context, element: Any) -> Any:
-        """Runs the function: async on the loop, sync in the worker's thread pool."""
-        if self.is_async:
-            result: Any = self.function(ctx, element)
-            return await result
-        # In a copy of the task's context, so its log lines carry the task's fields too.
-        run = contextvars.copy_context().run
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, run, self.function, ctx.sync, element)
+        return await call_task_function(self.function, self.is_async, ctx, element)
+
+
+async def call_task_function(
+    function: Callable[..., Any], is_async: bool, ctx: Context, element: Any
+) -> Any:
+    """Runs a task's function: async on the loop with `ctx`, sync in the worker's thread pool
+    with `ctx.sync`, in a copy of the task's context so its log lines carry the task's fields."""
+    if is_async:
+        result: Any = function(ctx, element)
+        return await result
+    run = contextvars.copy_context().run
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, run, function, ctx.sync, element)
 
 
 def prepare(

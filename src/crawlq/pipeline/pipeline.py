@@ -32,7 +32,7 @@ from ..errors import ConfigError, Permanent
 from ..results import Record, ResultsStore
 from ..results.store import as_records
 from ..retry import Retry
-from ..tasks import GroupOption, KeyFunction, Task
+from ..tasks import GroupOption, KeyFunction, Task, call_task_function
 from ..worker import Worker, WorkerStats
 
 WARC = "crawlq.pipeline.warc"
@@ -162,11 +162,7 @@ class Pipeline:
                 if not isinstance(ref, str):
                     raise Permanent(f"stage {name}: expected a reference (a string), got {ref!r}")
                 stored = await self._input(ctx, index - 1, ref)
-                if is_async:
-                    output = await function(ctx, stored)
-                else:
-                    loop = asyncio.get_running_loop()
-                    output = await loop.run_in_executor(None, function, ctx.sync, stored)
+                output = await call_task_function(function, is_async, ctx, stored)
                 records = as_records(output)
                 await asyncio.to_thread(self.results.replace, name, ref, records)
                 await self._next(ctx, name, ref)
