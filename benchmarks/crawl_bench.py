@@ -273,6 +273,8 @@ def crawlq_command(config: Config, server: Server, out: Path, processes: int) ->
         command += ["--resolve", f"{name}={address}"]
     command += [
         "--resolve-only",
+        "--allow-network",
+        "127.0.0.0/8",
         "--out",
         str(out),
         "--no-progress",

@@ -125,6 +125,7 @@ async def run_crawlq(partners: Partners, data: Path) -> float:
         password=hello["password"],
         proxy=hello["proxy"],
         resolve=hello["resolve"],
+        allow_networks=("127.0.0.0/8",),
     )
     etl = build(config)
     started = time.perf_counter()

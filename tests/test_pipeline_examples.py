@@ -44,6 +44,7 @@ async def test_the_nightly_etl_example_runs_against_the_demo_partners(
         monkeypatch.setenv("ETL_PASSWORD", servers.site.password)
         monkeypatch.setenv("ETL_PROXY", servers.proxy_url)
         monkeypatch.setenv("ETL_RESOLVE", " ".join(f"{h}={a}" for h, a in servers.resolve.items()))
+        monkeypatch.setenv("ETL_ALLOW", "127.0.0.0/8")
         monkeypatch.setenv("ETL_DATA", str(tmp_path / "etl"))
         etl = fresh("nightly_etl.etl")
         app: crawlq.App = etl.app
@@ -74,7 +75,10 @@ async def test_the_discovery_example_schedules_references_as_found_and_stops_loo
         discovery = fresh("discovery")
         app: crawlq.App = discovery.app
         settings = FetchSettings(
-            resolve=net.resolve, resolve_only=True, timeouts=Timeouts(connect=5, read=5, total=10)
+            resolve=net.resolve,
+            resolve_only=True,
+            allow_networks=("127.0.0.0/8",),
+            timeouts=Timeouts(connect=5, read=5, total=10),
         )
         app.provide("crawlq.fetcher", lambda: Fetcher(settings))
         app.limit("*", concurrency=2)  # no interval: quick

@@ -8,6 +8,7 @@ JSON), parse, normalize and summarize by key, publish the morning report.
 
 Settings come from the environment (ETL_SITES: the partners' sub-domains, space separated;
 ETL_USER, ETL_PASSWORD; ETL_PROXY: the fixed egress proxy; ETL_RESOLVE: "host=address ...";
+ETL_ALLOW: private networks the partners live on, "10.0.0.0/8 ..." (refused otherwise);
 ETL_DATA: where the queue, the raw reports and the results go).
 """
 
@@ -29,6 +30,7 @@ SITES = os.environ.get("ETL_SITES", "").split()
 DATA = Path(os.environ.get("ETL_DATA", "etl-data"))
 PROXY = os.environ.get("ETL_PROXY")
 RESOLVE = dict(item.split("=", 1) for item in os.environ.get("ETL_RESOLVE", "").split())
+ALLOW = tuple(os.environ.get("ETL_ALLOW", "").split())
 
 app = crawlq.App(f"sqlite:///{DATA / 'queue.db'}")
 app.limit("*", concurrency=4)  # at most 4 requests at once per sub-domain (group: host)
@@ -50,6 +52,7 @@ def fetcher() -> Fetcher:
         proxies=(PROXY,) if PROXY else (),  # every request leaves through the egress proxy
         resolve=RESOLVE,
         resolve_only=bool(RESOLVE),
+        allow_networks=ALLOW,
     )
     shared = Fetcher(settings)
     for site in SITES:

@@ -20,6 +20,7 @@ def fetch_settings(net: SyntheticWeb, **options: Any) -> FetchSettings:
     """Only the synthetic web's names resolve: a test can never reach a public address."""
     options.setdefault("timeouts", Timeouts(connect=5, read=5, total=10))
     options.setdefault("resolve", net.resolve)
+    options.setdefault("allow_networks", ("127.0.0.0/8",))
     return FetchSettings(resolve_only=True, **options)
 
 

@@ -66,6 +66,13 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Resolve HOST to ADDRESS without DNS (repeatable).",
 )
 @click.option("--resolve-only", is_flag=True, help="Refuse hosts not given with --resolve.")
+@click.option(
+    "--allow-network",
+    "allow_networks",
+    multiple=True,
+    metavar="CIDR",
+    help="Let requests reach this private or loopback network (repeatable); refused otherwise.",
+)
 @click.option("--proxy", "proxies", multiple=True, help="Egress proxy; several rotate.")
 @click.option("--user-agent", default=None, help="User-Agent header (and robots.txt agent).")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds per request.")
@@ -95,6 +102,7 @@ def crawl(
     concurrency: int,
     resolve: tuple[str, ...],
     resolve_only: bool,
+    allow_networks: tuple[str, ...],
     proxies: tuple[str, ...],
     user_agent: str | None,
     timeout: float,
@@ -128,6 +136,7 @@ def crawl(
             proxies=proxies,
             resolve=_resolve_map(resolve),
             resolve_only=resolve_only,
+            allow_networks=allow_networks,
         ),
         concurrency_per_domain=concurrency_per_domain,
         delay=delay,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,7 +28,12 @@ class Timeouts:
 class FetchSettings:
     """`proxies` with one entry is a fixed egress proxy; with several, requests rotate over
     them. `resolve` maps host names to addresses before DNS is asked; `resolve_only` refuses
-    every name not in it (a crawl that must never leave a private network)."""
+    every name not in it (a crawl that must never leave a private network).
+
+    `allow_networks` lists the CIDR blocks a request may reach although they are private,
+    loopback, link-local or otherwise not public (the SSRF guard refuses those by default):
+    `("127.0.0.0/8",)` for a crawl of local test servers, `("10.0.0.0/8",)` for an
+    intranet."""
 
     user_agent: str = DEFAULT_USER_AGENT
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -42,6 +48,7 @@ class FetchSettings:
     robots: bool = True
     robots_ttl: float = 24 * 3600.0
     max_crawl_delay: float = 60.0
+    allow_networks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_redirects < 0:
@@ -50,6 +57,11 @@ class FetchSettings:
             raise ConfigError(f"max_bytes must be positive, got {self.max_bytes}")
         if self.connections < 1:
             raise ConfigError(f"connections must be positive, got {self.connections}")
+        for network in self.allow_networks:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ConfigError(f"allow_networks: {network!r} is not a CIDR block") from None
         for proxy in self.proxies:
             if not proxy.startswith(("http://", "https://")):
                 raise ConfigError(f"proxy {proxy!r} must be an http:// or https:// URL")

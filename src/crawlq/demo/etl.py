@@ -44,6 +44,7 @@ class EtlConfig:
     password: str = field(default="", repr=False)
     proxy: str | None = None
     resolve: Mapping[str, str] = field(default_factory=dict)
+    allow_networks: tuple[str, ...] = ()
     per_site: int = 4
 
 
@@ -164,6 +165,7 @@ def build(config: EtlConfig, *, parsers: Mapping[str, Parser] | None = None) -> 
             proxies=(config.proxy,) if config.proxy else (),
             resolve=config.resolve,
             resolve_only=True,  # the partners' names and nothing else
+            allow_networks=config.allow_networks,
             timeouts=Timeouts(connect=10, read=30, total=60),
         )
         fetcher = Fetcher(settings)

@@ -26,7 +26,15 @@ from ..errors import ConfigError
 from ..results import Record, export
 from ..worker import Worker, WorkerStats
 from .etl import REPORT_FILE, Etl, EtlConfig, Parser, build
-from .site import EGRESS_ADDRESS, HOSTS, USERNAME, DemoServers, DemoSite, peak_in_flight
+from .site import (
+    EGRESS_ADDRESS,
+    HOSTS,
+    NETWORK,
+    USERNAME,
+    DemoServers,
+    DemoSite,
+    peak_in_flight,
+)
 
 DEFAULT_OUT = Path("crawlq-demo")
 MARKER = ".crawlq-demo"
@@ -68,6 +76,7 @@ def config_for(servers: DemoServers, out: Path) -> EtlConfig:
         password=servers.site.password,
         proxy=servers.proxy_url,
         resolve=servers.resolve,
+        allow_networks=(NETWORK,),
     )
 
 

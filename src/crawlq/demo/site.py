@@ -43,6 +43,7 @@ PRODUCTS = tuple(f"P{n:03d}" for n in (7, 12, 31, 42, 55, 68, 73, 90))
 REGIONS = ("eu-west", "eu-north", "us-east", "us-west", "apac")
 PAGE_SIZE = 250
 ADDRESS_PREFIX = "127.0.3."
+NETWORK = "127.0.3.0/24"  # what the fetcher must be allowed to reach
 EGRESS_ADDRESS = "127.0.3.254"
 USERNAME = "demo"
 
