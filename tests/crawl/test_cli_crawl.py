@@ -52,6 +52,8 @@ async def run_crawl(net: SyntheticWeb, out: Path, *extra: str) -> asyncio.subpro
         "--resolve",
         f"site.test={net.addresses['site.test']}",
         "--resolve-only",
+        "--allow-network",
+        "127.0.0.0/8",
         "--no-progress",
         "--concurrency-per-domain",
         "2",

@@ -36,6 +36,7 @@ class Reason(StrEnum):
     THROTTLED = "throttled"
     LOGIN_FAILED = "login_failed"
     NETWORK = "network_error"
+    BLOCKED = "blocked_address"  # the SSRF guard refused the address (guard.py)
 
 
 #: Worth another attempt later: the cause is on the network or the server, and passes.

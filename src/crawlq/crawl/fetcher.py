@@ -1,8 +1,9 @@
 """The fetcher every task of a worker shares: one pooled aiohttp connector, per-domain
 sessions (cookies, logins), redirects followed hop by hop, robots.txt, proxies, size caps.
 
-Each hop is checked before it is requested (the caller's scope and politeness check, then
-robots.txt), so a redirect can never lead the crawler where it may not go.
+Each hop is checked before it is requested (the caller's scope and politeness check, the
+SSRF guard, then robots.txt), so a redirect can never lead the crawler where it may not go;
+the connector's resolver refuses names that resolve to addresses the guard refuses (guard.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from yarl import URL
 
 from ..observe.metrics import worker_metrics
 from .decoding import ACCEPT_ENCODING, decode_content
 from .errors import FetchError, Reason, Throttled
+from .guard import AddressGuard, BlockedAddress, GuardedResolver, literal_address
 from .resolver import StaticResolver
 from .response import Response
 from .robots import RobotsCache
@@ -32,6 +35,8 @@ LoginHook = Callable[["Session"], Awaitable[None]]
 ExpiredTest = Callable[[Response], bool]
 
 READ_CHUNK = 64 * 1024
+#: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
+MAX_GUARD_CACHE = 10_000
 
 
 def logged_out(response: Response) -> bool:
@@ -87,6 +92,8 @@ class Session:
             try:
                 await self.login.perform(self)
             except FetchError as exc:
+                if exc.reason is Reason.BLOCKED:
+                    raise  # a login at a refused address is a setting to fix, not to retry
                 raise FetchError(Reason.LOGIN_FAILED, exc.url, str(exc)) from exc
             self.generation += 1
 
@@ -102,6 +109,9 @@ class Fetcher:
         self._logins: dict[str, Login] = {}
         self._sessions: dict[str, Session] = {}
         self._connector: aiohttp.TCPConnector | None = None
+        self._resolver: GuardedResolver | None = None
+        self.guard = AddressGuard(self.settings.allow_networks)
+        self._verdicts: dict[str, tuple[float, str | None]] = {}  # proxied host -> refusal
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
         self.robots = RobotsCache(
@@ -133,14 +143,55 @@ class Fetcher:
         if self._connector is None or self._connector.closed:
             settings = self.settings
             fallback = None if settings.resolve_only else aiohttp.ThreadedResolver()
+            proxies = (URL(proxy).raw_host or "" for proxy in settings.proxies)
+            self._resolver = GuardedResolver(
+                StaticResolver(settings.resolve, fallback), self.guard, exempt=proxies
+            )
             self._connector = aiohttp.TCPConnector(
                 limit=settings.connections,
                 use_dns_cache=True,
                 ttl_dns_cache=settings.dns_ttl,
-                resolver=StaticResolver(settings.resolve, fallback),
+                resolver=self._resolver,
                 ssl=settings.verify_tls,
             )
         return self._connector
+
+    async def _check_address(self, url: str) -> None:
+        """FetchError(BLOCKED) if `url` names an address the guard refuses, or, through a
+        proxy (which resolves the name itself), a name our resolver resolves to one. A name
+        we cannot resolve is not sent to the proxy either (DNS). Direct requests to names are
+        checked by the connector's resolver, on the addresses actually connected to."""
+        try:
+            parsed = URL(url)
+            host, port = parsed.raw_host, parsed.port or 0
+        except ValueError:
+            return  # aiohttp refuses it as an invalid URL
+        if not host:
+            return
+        refusal = self.guard.check_literal(host)
+        if refusal is None and self._proxies is not None and literal_address(host) is None:
+            refusal = await self._proxied_refusal(host, port, url)
+        if refusal is not None:
+            raise FetchError(Reason.BLOCKED, url, refusal)
+
+    async def _proxied_refusal(self, host: str, port: int, url: str) -> str | None:
+        now = time.monotonic()
+        cached = self._verdicts.get(host)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        self._connector_now()
+        assert self._resolver is not None
+        try:
+            await self._resolver.resolve(host, port)
+            refusal = None
+        except BlockedAddress as exc:
+            refusal = str(exc)
+        except OSError as exc:
+            raise FetchError(Reason.DNS, url, f"{host}: {exc}") from exc
+        if len(self._verdicts) >= MAX_GUARD_CACHE:
+            self._verdicts.clear()
+        self._verdicts[host] = (now + self.settings.dns_ttl, refusal)
+        return refusal
 
     def session(self, url: str) -> Session:
         """The session for `url`'s host: its login domain's own, or the shared one."""
@@ -249,6 +300,7 @@ class Fetcher:
             try:
                 if check is not None:
                     await check(current)
+                await self._check_address(current)
                 if use_robots:
                     await self.robots.check(current)
                 if pace is not None:
@@ -356,6 +408,8 @@ def _translate(exc: Exception, url: str) -> FetchError:
     detail = str(exc) or type(exc).__name__
     if isinstance(exc, TimeoutError):
         return FetchError(Reason.TIMEOUT, url, detail)
+    if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, BlockedAddress):
+        return FetchError(Reason.BLOCKED, url, str(exc.os_error))
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return FetchError(Reason.DNS, url, detail)
     if isinstance(exc, aiohttp.ClientSSLError):

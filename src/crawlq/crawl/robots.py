@@ -90,6 +90,8 @@ class RobotsCache:
                 return Rules(None, None, now + self._ttl)
             # The site itself is unreachable: its pages fail for the same reason.
             detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
+            if exc.reason is Reason.BLOCKED:
+                detail = exc.detail  # the site's address is refused, not its robots.txt
             return Rules(None, detail, now + RETRY_UNAVAILABLE, exc.reason)
         if response.status >= 500 or response.status == 429:
             return Rules(None, f"robots.txt answered {response.status}", now + RETRY_UNAVAILABLE)
