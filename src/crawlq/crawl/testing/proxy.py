@@ -1,5 +1,6 @@
 """A small HTTP forward proxy on loopback: it logs each request's absolute URL, resolves
-the host with a static map, and forwards the request one connection per request."""
+the host with a static map, and forwards each request on a connection of its own to the
+site; clients may keep their connection to the proxy open for many requests."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class ForwardProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await self._forward(reader, writer)
+            while await self._forward(reader, writer):
+                pass
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
@@ -52,8 +54,14 @@ class ForwardProxy:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Forwards one request; True if the client's connection stays open for another."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise
+            return False  # the client closed between requests
         request_line, *header_lines = head.decode("latin-1").split("\r\n")
         method, target, version = request_line.split(" ", 2)
         headers = [line.split(":", 1) for line in header_lines if ":" in line]
@@ -62,7 +70,11 @@ class ForwardProxy:
         parts = urlsplit(target)
         if parts.scheme != "http" or not parts.hostname:
             writer.write(b"HTTP/1.1 501 Not Implemented\r\nConnection: close\r\n\r\n")
-            return
+            return False
+        wants_close = version == "HTTP/1.0" or any(
+            k.strip().lower() in ("connection", "proxy-connection") and v.strip().lower() == "close"
+            for k, v in headers
+        )
         self.requests.append(target)
         address = self.resolve.get(parts.hostname, parts.hostname)
         local = (self.egress, 0) if self.egress else None
@@ -81,18 +93,29 @@ class ForwardProxy:
             upstream_writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
             await upstream_writer.drain()
             answer_head = await upstream_reader.readuntil(b"\r\n\r\n")
-            status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
-            answer = [
-                line
-                for line in answer_lines
-                if line and line.split(":", 1)[0].strip().lower() not in HOP_BY_HOP
-            ]
-            answer.append("Connection: close")
-            writer.write(("\r\n".join([status_line, *answer]) + "\r\n\r\n").encode("latin-1"))
-            while chunk := await upstream_reader.read(65536):
-                writer.write(chunk)
-                await writer.drain()
+            answer_body = await upstream_reader.read()  # the site closes: the body ends there
         finally:
             upstream_writer.close()
             with contextlib.suppress(ConnectionError):
                 await upstream_writer.wait_closed()
+        status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
+        answer = [
+            line
+            for line in answer_lines
+            if line and line.split(":", 1)[0].strip().lower() not in HOP_BY_HOP
+        ]
+        chunked = any(
+            line.split(":", 1)[0].strip().lower() == "transfer-encoding" for line in answer
+        )
+        if not chunked and method != "HEAD":
+            # the client needs the body's end marked to keep its connection: give its length
+            answer = [
+                line for line in answer if line.split(":", 1)[0].strip().lower() != "content-length"
+            ]
+            answer.append(f"Content-Length: {len(answer_body)}")
+        keep = not wants_close
+        answer.append("Connection: keep-alive" if keep else "Connection: close")
+        writer.write(("\r\n".join([status_line, *answer]) + "\r\n\r\n").encode("latin-1"))
+        writer.write(answer_body)
+        await writer.drain()
+        return keep
