@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -158,13 +159,24 @@ class Pipeline:
             is_async = asyncio.iscoroutinefunction(function)
             index = len(self.stages)
 
+            previous = self.stages[index - 1]
+
+            def step(sync: Any, stored: StoredResponse | None, ref: str) -> None:
+                # a sync stage reads its input, runs and stores its records in one trip to
+                # the thread pool: every trip costs the event loop a GIL hand-over
+                given = self.results.records(previous.name, ref) if stored is None else stored
+                self.results.replace(name, ref, as_records(function(sync, given)))
+
             async def run(ctx: Context, ref: str) -> None:
                 if not isinstance(ref, str):
                     raise Permanent(f"stage {name}: expected a reference (a string), got {ref!r}")
-                stored = await self._input(ctx, index - 1, ref)
-                output = await call_task_function(function, is_async, ctx, stored)
-                records = as_records(output)
-                await asyncio.to_thread(self.results.replace, name, ref, records)
+                if is_async:
+                    stored = await self._input(ctx, index - 1, ref)
+                    records = as_records(await call_task_function(function, True, ctx, stored))
+                    await asyncio.to_thread(self.results.replace, name, ref, records)
+                else:
+                    response = await self._stored_response(ctx, ref) if previous.fetch else None
+                    await call_task_function(functools.partial(step, ref=ref), False, ctx, response)
                 await self._next(ctx, name, ref)
 
             run.__name__ = run.__qualname__ = name
@@ -203,12 +215,15 @@ class Pipeline:
     async def _input(self, ctx: Context, index: int, ref: str) -> StoredResponse | list[Record]:
         previous = self.stages[index]
         if previous.fetch:
-            warc: WarcStore = ctx.app.shared(WARC)
-            stored = await warc.get(ref)
-            if stored is None:
-                raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
-            return stored
+            return await self._stored_response(ctx, ref)
         return await asyncio.to_thread(self.results.records, previous.name, ref)
+
+    async def _stored_response(self, ctx: Context, ref: str) -> StoredResponse:
+        warc: WarcStore = ctx.app.shared(WARC)
+        stored = await warc.get(ref)
+        if stored is None:
+            raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
+        return stored
 
     async def _next(self, ctx: Context, name: str, ref: str) -> None:
         index = self.stage_named(name).index + 1
