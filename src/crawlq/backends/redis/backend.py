@@ -306,6 +306,7 @@ class RedisBackend:
                     retry_at,
                     failure.error,
                     failure.traceback,
+                    element.claimed_at,
                 ]
             )
         await self._run("settle", [action, *items])
@@ -325,7 +326,9 @@ class RedisBackend:
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
     ) -> None:
-        items = [[e.queue, e.key, e.ref, e.attempt, _digests(e.key)[0]] for e in elements]
+        items = [
+            [e.queue, e.key, e.ref, e.attempt, _digests(e.key)[0], e.claimed_at] for e in elements
+        ]
         await self._run("heartbeat", [worker.id, lease, *items])
 
     # -- workers ------------------------------------------------------------------------------

@@ -379,13 +379,17 @@ class Engine:
         running_only: bool,
     ) -> list[str]:
         """Applies `action(i, lease, now, pairs)` to each element whose lease is still this run's
-        (its attempt fences it), in one transaction; returns whom to wake."""
+        (its attempt and claim time fence it), in one transaction; returns whom to wake."""
         pairs: set[Pair] = set()
         gates: set[int] = set()
         with self.store.transaction():
             now = self.clock()
             for i, element in enumerate(elements):
-                params = {"id": element.ref, "attempt": element.attempt}
+                params = {
+                    "id": element.ref,
+                    "attempt": element.attempt,
+                    "claimed_at": element.claimed_at,
+                }
                 lease: Lease | None = self.store.run("lookup_lease", params).fetchone()
                 if lease is None or (running_only and lease[2] != RUNNING):
                     continue
@@ -433,7 +437,15 @@ class Engine:
             until = now + lease
             self.store.many(
                 "extend_lease",
-                [{"id": e.ref, "attempt": e.attempt, "lease_until": until} for e in elements],
+                [
+                    {
+                        "id": e.ref,
+                        "attempt": e.attempt,
+                        "claimed_at": e.claimed_at,
+                        "lease_until": until,
+                    }
+                    for e in elements
+                ],
             )
             self.store.run("worker_heartbeat", {"id": worker.id, "now": now})
             self.store.run("workers_prune", {"before": now - WORKER_TTL})

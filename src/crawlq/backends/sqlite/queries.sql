@@ -120,7 +120,7 @@ SELECT group_id, priority, due, head FROM frontier
 -- The attempt joins the history, which keeps the last 10.
 UPDATE elements
    SET state = 2, attempts = attempts + 1, lease_until = :lease_until, worker = :worker,
-       history = json_insert(
+       claimed_at = :now, history = json_insert(
            CASE WHEN json_array_length(coalesce(history, '[]')) >= 10
                 THEN json_remove(history, '$[0]') ELSE coalesce(history, '[]') END,
            '$[#]', json_array(attempts + 1, :now, :worker, NULL))
@@ -140,10 +140,12 @@ SELECT min(due) FROM elements WHERE queue_id = :queue_id AND state = 0;
 SELECT min(lease_until) FROM elements WHERE state = 2;
 
 -- name: lookup_lease
--- `attempts` fences the lease: an ack from a run whose lease expired and was re-run is stale.
+-- The attempt and the claim's time fence the lease: an ack from a run whose lease expired and
+-- that ran again is stale. (NULL: claimed before schema 4.)
 SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen, e.h
   FROM elements e JOIN queues q ON q.id = e.queue_id
- WHERE e.id = :id AND e.attempts = :attempt;
+ WHERE e.id = :id AND e.attempts = :attempt
+   AND (e.claimed_at = :claimed_at OR e.claimed_at IS NULL);
 
 -- name: requeue
 -- Back to the queue at `due` (or at the schedule that arrived while it ran); a NULL `due`
@@ -185,7 +187,8 @@ SELECT queue_id, key, payload, group_id, attempts, :error, :traceback, :now,
 
 -- name: extend_lease
 UPDATE elements SET lease_until = :lease_until
- WHERE id = :id AND attempts = :attempt AND state = 2;
+ WHERE id = :id AND attempts = :attempt AND state = 2
+   AND (claimed_at = :claimed_at OR claimed_at IS NULL);
 
 -- name: group_by_name
 SELECT id FROM groups WHERE name = :name;

@@ -123,6 +123,16 @@ local function find(queue, key, digest)
     return nil, taken and long or digest
 end
 
+-- A call's lease is still the element's: the same element, attempt and claim time (the
+-- attempts start afresh when an element is scheduled again while it runs, so the attempt
+-- alone can match a later run).
+local function holds(rec, id, attempt, claimed_at)
+    if not rec or rec[ID] ~= id or rec[ATTEMPTS] ~= attempt then return false end
+    local history = rec[HISTORY]
+    local last = history and history[#history]
+    return not last or last[2] == claimed_at
+end
+
 local function save(queue, field, rec)
     redis.call('HSET', qkey(queue, 'e'), field, cmsgpack.pack(rec))
 end

@@ -1,12 +1,12 @@
 -- heartbeat: extends the leases a worker still holds and records that it is alive.
 -- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is
---   {queue, key, id, attempt, digest as hex}
+--   {queue, key, id, attempt, digest as hex, claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local worker, lease_until = args[1], NOW + args[2]
 for i = 3, #args do
-    local queue, key, id, attempt, hex = unpack(args[i], 1, 5)
+    local queue, key, id, attempt, hex, claimed_at = unpack(args[i], 1, 6)
     local rec, field = find(queue, key, raw_digest(hex))
-    if rec and rec[ID] == id and rec[ATTEMPTS] == attempt and rec[STATE] == RUNNING then
+    if holds(rec, id, attempt, claimed_at) and rec[STATE] == RUNNING then
         rec[LEASE] = lease_until
         save(queue, field, rec)
         redis.call('ZADD', P .. 'leases', fmt(lease_until), lease_member(queue, field))

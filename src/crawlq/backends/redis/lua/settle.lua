@@ -1,17 +1,18 @@
--- settle: ack, fail or release leased elements (SPEC 3.5, 3.6). The attempt number fences
--- a lease: a call from a run whose lease expired and that ran again changes nothing.
+-- settle: ack, fail or release leased elements (SPEC 3.5, 3.6). The attempt number and the
+-- claim's time fence a lease: a call from a run whose lease expired and that ran again
+-- changes nothing.
 -- ARGV[3]: msgpack {action, items...}; action "ack", "fail" or "release"; an item is
 --   {queue, key, id, attempt, digest as hex, seen digest, seen bucket, due, retry_at or false,
---    error, traceback}
+--    error, traceback, claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local action = args[1]
 local touched, gates = {}, {}
 for i = 2, #args do
-    local queue, key, id, attempt, hex, seen, bucket, due, retry_at, err, tb = unpack(args[i], 1, 11)
+    local queue, key, id, attempt, hex, seen, bucket, due, retry_at, err, tb, claimed_at =
+        unpack(args[i], 1, 12)
     local rec, field = find(queue, key, raw_digest(hex))
     -- An ack finishes an element whose lease expired but that no one ran again, too.
-    if rec and rec[ID] == id and rec[ATTEMPTS] == attempt
-            and (action == 'ack' or rec[STATE] == RUNNING) then
+    if holds(rec, id, attempt, claimed_at) and (action == 'ack' or rec[STATE] == RUNNING) then
         if rec[STATE] == RUNNING then gates[rec[GROUP]] = true end
         if action == 'ack' then
             finish(queue, field, rec, seen, bucket, touched)
