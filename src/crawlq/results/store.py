@@ -87,6 +87,7 @@ class ResultsStore:
         self._lock = threading.RLock()
         self._connection: sqlite3.Connection | None = None
         self._columns: dict[str, list[str]] = {}
+        self._statements: dict[tuple[Any, ...], str] = {}
 
     def __repr__(self) -> str:
         return f"<ResultsStore {self.path}>"
@@ -147,27 +148,20 @@ class ResultsStore:
                 row[0] for row in db.execute("SELECT type FROM _types WHERE stage = ?", (stage,))
             ]
             for type_ in sorted(set(known) | types):
-                if type_ in self._tables(db):
+                try:
                     db.execute(f'DELETE FROM "{type_}" WHERE _stage = ? AND _ref = ?', (stage, ref))
+                except sqlite3.OperationalError as exc:
+                    if "no such table" not in str(exc):  # a table dropped by hand: nothing to do
+                        raise
             db.executemany(
                 "INSERT OR IGNORE INTO _types (type, stage) VALUES (?, ?)",
                 [(t, stage) for t in sorted(types)],
             )
             now = time.time()
             for record in records:
-                names = ["key", "_stage", "_ref", "_updated", *record.data]
                 values: list[Scalar] = [record.key, stage, ref, now]
                 values += [_column_value(v) for v in record.data.values()]
-                columns = ", ".join(f'"{n}"' for n in names)
-                updates = ", ".join(f'"{n}" = excluded."{n}"' for n in names[1:])
-                nulls = [c for c in self._columns[record.type] if c not in names]
-                updates += "".join(f', "{c}" = NULL' for c in nulls)
-                marks = ", ".join("?" * len(names))
-                db.execute(
-                    f'INSERT INTO "{record.type}" ({columns}) VALUES ({marks})'
-                    f" ON CONFLICT (key) DO UPDATE SET {updates}",
-                    values,
-                )
+                db.execute(self._upsert(record), values)
             db.execute(
                 "INSERT INTO _outputs (stage, ref, records, updated) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (stage, ref) DO UPDATE SET records = excluded.records,"
@@ -179,9 +173,24 @@ class ResultsStore:
             db.execute("ROLLBACK")
             raise
 
-    def _tables(self, db: sqlite3.Connection) -> set[str]:
-        rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        return {row[0] for row in rows}
+    def _upsert(self, record: Record) -> str:
+        """The statement writing `record`: its fields set, every other column of its type
+        cleared (a record replaces the one with its key whole)."""
+        columns = self._columns[record.type]
+        shape = (record.type, len(columns), *record.data)
+        sql = self._statements.get(shape)
+        if sql is None:
+            names = ["key", "_stage", "_ref", "_updated", *record.data]
+            updates = ", ".join(f'"{n}" = excluded."{n}"' for n in names[1:])
+            updates += "".join(f', "{c}" = NULL' for c in columns if c not in names)
+            columns_sql = ", ".join(f'"{n}"' for n in names)
+            marks = ", ".join("?" * len(names))
+            sql = (
+                f'INSERT INTO "{record.type}" ({columns_sql}) VALUES ({marks})'
+                f" ON CONFLICT (key) DO UPDATE SET {updates}"
+            )
+            self._statements[shape] = sql
+        return sql
 
     def _ensure_table(self, db: sqlite3.Connection, record: Record) -> None:
         columns = self._columns.get(record.type)
@@ -221,9 +230,7 @@ class ResultsStore:
         self, type_: str, *, ref: str | None = None, stage: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Every record of `type_` (optionally those one stage wrote for one reference), by key."""
-        columns = self.columns(type_)
-        if not columns:
-            return
+        check_name(type_, "record type")
         where, args = [], []
         if stage is not None:
             where.append("_stage = ?")
@@ -231,15 +238,22 @@ class ResultsStore:
         if ref is not None:
             where.append("_ref = ?")
             args.append(ref)
-        selected = ", ".join(f'"{c}"' for c in columns)
-        sql = f'SELECT {selected} FROM "{type_}"'
+        sql = f'SELECT * FROM "{type_}"'  # every column, those another process just added too
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY key"
         with self._lock:
-            fetched = self._db().execute(sql, args).fetchall()
+            try:
+                cursor = self._db().execute(sql, args)
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return
+                raise
+            fetched = cursor.fetchall()
+        names = [d[0] for d in cursor.description]
+        shown = [i for i, n in enumerate(names) if n not in _RESERVED or n == "key"]
         for row in fetched:
-            yield dict(zip(columns, row, strict=True))
+            yield {names[i]: row[i] for i in shown}
 
     def records(self, stage: str, ref: str) -> list[Record]:
         """What `stage` wrote for `ref`, as records (fields that are None are left out)."""
@@ -279,10 +293,12 @@ class ResultsStore:
     def count(self, type_: str) -> int:
         check_name(type_, "record type")
         with self._lock:
-            db = self._db()
-            if type_ not in self._tables(db):
-                return 0
-            return int(db.execute(f'SELECT COUNT(*) FROM "{type_}"').fetchone()[0])
+            try:
+                return int(self._db().execute(f'SELECT COUNT(*) FROM "{type_}"').fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return 0
+                raise
 
 
 def as_records(items: Iterable[Record] | Record | None) -> list[Record]:
