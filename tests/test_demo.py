@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -151,7 +152,8 @@ def test_crawlq_demo_end_to_end_then_reprocess_and_export(tmp_path: Path) -> Non
 
     out = run("demo", "--reports", "60", "--out", "demo", "--latency", "0.005")
     assert "totals equal the partners' own figures: yes" in out, out
-    assert "at most 4 requests at once per sub-domain (limit 4)" in out, out
+    peak = re.search(r"at most (\d+) requests at once per sub-domain \(limit 4\)", out)
+    assert peak is not None and 1 <= int(peak[1]) <= 4, out
     assert "all from the egress address: yes" in out, out
     assert "0 dead letters" in out, out
     demo = tmp_path / "demo"
