@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import ConfigError
 from .common import log_level_option, setup_logging
 
 if TYPE_CHECKING:
     from ..crawl.crawler import Crawl
+    from ..crawl.progress import Snapshot
+
+CHILD = "CRAWLQ_CRAWL_CHILD"
 
 
 def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -57,7 +63,17 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="Backend URL [default: sqlite:///OUT/queue.db].",
 )
-@click.option("--concurrency", default=200, show_default=True, help="Pages fetched at once.")
+@click.option(
+    "--concurrency", default=200, show_default=True, help="Pages fetched at once per process."
+)
+@click.option(
+    "-p",
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes sharing the crawl (for CPU-bound crawls on several cores).",
+)
 @click.option(
     "--resolve",
     "resolve",
@@ -100,6 +116,7 @@ def crawl(
     out: Path,
     backend_url: str | None,
     concurrency: int,
+    processes: int,
     resolve: tuple[str, ...],
     resolve_only: bool,
     allow_networks: tuple[str, ...],
@@ -144,7 +161,13 @@ def crawl(
         lease=lease,
         max_file_bytes=warc_size,
     )
-    asyncio.run(_crawl(Crawl(settings, backend=backend_url), seeds, concurrency, grace, progress))
+    crawl = Crawl(settings, backend=backend_url)
+    if processes > 1 and CHILD not in os.environ:
+        if sys.argv[1:2] != ["crawl"]:
+            raise ConfigError("--processes works from the command line (crawlq crawl ...)")
+        asyncio.run(_supervise(crawl, seeds, processes, progress))
+    else:
+        asyncio.run(_crawl(crawl, seeds, concurrency, grace, progress))
 
 
 async def _crawl(
@@ -174,13 +197,100 @@ async def _crawl(
             with contextlib.suppress(asyncio.CancelledError):
                 await shown
         await crawl.aclose()
+    if CHILD in os.environ:
+        return  # the parent process sums up
     if live and progress:
         sys.stderr.write("\n")
     click.echo(render(final), err=True)
+    _summary(crawl, final, f"{stats.done} pages this run, {stats.failed} failures")
+
+
+def _summary(crawl: Crawl, final: Snapshot, this_run: str) -> None:
     left = final.queued + final.running
     click.echo(
-        f"{'stopped' if left else 'done'}: {stats.done} pages this run,"
-        f" {stats.failed} failures ({stats.dead} dead); {left} left in the queue"
-        f"{', run the same command again to continue' if left else ''}. Output in {crawl.out}",
+        f"{'stopped' if left else 'done'}: {this_run} ({final.dead} dead); {left} left in the"
+        f" queue{', run the same command again to continue' if left else ''}."
+        f" Output in {crawl.out}",
         err=True,
+    )
+
+
+class _PagesTail:
+    """Counts the page records every process appends to pages.jsonl since we started."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.pages = self.errors = 0
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as file:
+            file.seek(self.offset)
+            chunk = file.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written waits for next time
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            if b'"error":null' in line:
+                self.pages += 1
+            else:
+                self.errors += 1
+
+
+async def _supervise(crawl: Crawl, seeds: tuple[str, ...], processes: int, progress: bool) -> None:
+    """Seeds once, then runs this same command line in `processes` child processes (which
+    share the queue, the page budget and the output folder) and shows their progress."""
+    from ..crawl.crawler import PAGES_FILE
+    from ..crawl.progress import render, snapshot
+
+    tail = _PagesTail(crawl.out / PAGES_FILE)
+    command = [sys.executable, "-m", "crawlq", *sys.argv[1:], "--no-progress"]
+    children: list[asyncio.subprocess.Process] = []
+    loop = asyncio.get_running_loop()
+
+    def forward(signum: int) -> None:
+        for child in children:
+            if child.returncode is None:
+                child.send_signal(signum)
+
+    live = sys.stderr.isatty()
+    try:
+        await crawl.seed(seeds)
+        backend = await crawl.app.backend()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, forward, sig)
+        for number in range(processes):
+            env = {**os.environ, CHILD: str(number)}
+            children.append(await asyncio.create_subprocess_exec(*command, env=env))
+        waiting = asyncio.ensure_future(asyncio.gather(*(c.wait() for c in children)))
+        width = 0
+        while not waiting.done():
+            await asyncio.wait([waiting], timeout=0.5 if live else 5.0)
+            tail.read()
+            crawl.stats.pages, crawl.stats.errors = tail.pages, tail.errors
+            if progress and not waiting.done():
+                line = render(await snapshot(crawl, backend))
+                sys.stderr.write(("\r" + line.ljust(width)) if live else line + "\n")
+                sys.stderr.flush()
+                width = len(line)
+        codes = waiting.result()
+        final = await snapshot(crawl, backend)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+        await crawl.aclose()
+    if live and progress:
+        sys.stderr.write("\n")
+    click.echo(render(final), err=True)
+    failed = sum(1 for code in codes if code != 0)
+    _summary(
+        crawl,
+        final,
+        f"{tail.pages} pages and {tail.errors} errors this run in {processes} processes"
+        + (f", {failed} of which exited with an error" if failed else ""),
     )

@@ -1,0 +1,81 @@
+"""`crawlq crawl --processes N`: N worker processes share one crawl (queue, page budget,
+output folder) under a parent that seeds once, shows their progress and sums up."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+from aiohttp import web
+
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR
+from crawlq.crawl.records import read_records
+from crawlq.crawl.testing import Site, SyntheticWeb
+from crawlq.crawl.testing.sites import page_html
+
+SITES = ["a.test", "b.test", "c.test"]
+PAGES = 40
+LIMIT = 2
+GUARD = 120.0  # seconds: only a failing test ever waits this long
+
+
+async def start(net: SyntheticWeb, out: Path, *extra: str) -> asyncio.subprocess.Process:
+    command = [sys.executable, "-m", "crawlq", "crawl", *(net.url(s) for s in SITES)]
+    for name, address in net.resolve.items():
+        command += ["--resolve", f"{name}={address}"]
+    command += ["--resolve-only", "--allow-network", "127.0.0.0/8", "--out", str(out)]
+    command += ["--concurrency-per-domain", str(LIMIT), "--processes", "2", *extra]
+    return await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def test_two_processes_crawl_every_page_once_within_the_limits(tmp_path: Path) -> None:
+    async with SyntheticWeb([Site(name=s, pages=PAGES, latency=0.01) for s in SITES]) as net:
+        process = await start(net, tmp_path, "--no-progress")
+        _, stderr = await asyncio.wait_for(process.communicate(), GUARD)
+        text = stderr.decode()
+        assert process.returncode == 0, text
+        fetched = Counter((h.host, h.path) for h in net.hits if h.path.startswith("/page/"))
+        assert fetched == Counter({(s, f"/page/{n}"): 1 for s in SITES for n in range(PAGES)})
+        assert all(net.peak_concurrency(s) <= LIMIT for s in SITES)
+
+    records = read_records(tmp_path / PAGES_FILE)
+    assert len(records) == len(SITES) * PAGES
+    assert {r["error"] for r in records} == {None}
+    writers = {path.name.split("-")[2] for path in (tmp_path / WARC_DIR).glob("*.warc.gz")}
+    assert len(writers) == 2  # one WARC run per process (the pid is in the name)
+    assert f"done: {len(SITES) * PAGES} pages and 0 errors this run in 2 processes" in text
+    assert "0 left in the queue" in text
+
+
+async def test_ctrl_c_stops_every_process_and_the_same_command_finishes(tmp_path: Path) -> None:
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        reached.set()
+        await release.wait()  # a page of a.test is held open: the crawl cannot finish
+        number = int(request.path.rsplit("/", 1)[1])
+        links = [f"/page/{n}" for n in (number + 1, 2 * number + 1, 2 * number + 2) if n < PAGES]
+        return web.Response(text=page_html(f"page {number}", links), content_type="text/html")
+
+    sites = [Site(name=s, pages=PAGES) for s in SITES]
+    sites[0].routes = {f"/page/{n}": held for n in range(5, PAGES)}
+    async with SyntheticWeb(sites) as net:
+        first = await start(net, tmp_path)
+        await asyncio.wait_for(reached.wait(), GUARD)
+        first.send_signal(signal.SIGINT)
+        release.set()
+        _, stderr = await asyncio.wait_for(first.communicate(), GUARD)
+        assert first.returncode == 0, stderr.decode()
+        assert "run the same command again to continue" in stderr.decode()
+
+        second = await start(net, tmp_path, "--no-progress")
+        _, stderr = await asyncio.wait_for(second.communicate(), GUARD)
+        assert second.returncode == 0, stderr.decode()
+        assert "0 left in the queue" in stderr.decode()
+        pages = {(h.host, h.path) for h in net.hits if h.path.startswith("/page/")}
+        assert pages == {(s, f"/page/{n}") for s in SITES for n in range(PAGES)}
