@@ -3,10 +3,25 @@ then real `crawlq crawl` processes SIGKILLed, replaced and SIGSTOPped mid-crawl.
 
 from __future__ import annotations
 
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 from crawlq.backends import Backend
+from crawlq.testing.chaos import backend_problems
 from crawlq.types import Failure
 
 from ..helpers import ManualClock, claim, schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.chaos.lease_app:app"
 
 LEASE = 10.0
 
@@ -68,3 +83,79 @@ async def test_a_late_ack_still_finishes_an_element_nobody_ran_again(
     await backend.ack([stalled])
     assert await backend.element("pages", stalled.key) is None
     assert await claim(backend) == []
+
+
+def test_a_worker_stopped_past_its_lease_drops_the_task_before_it_goes_on(
+    chaos_url: str, tmp_path: Path
+) -> None:
+    """The worker is SIGSTOPped while its task waits for an answer; the answer arrives while
+    it is stopped and the lease runs out; SIGCONT. The task must not go on with the lease
+    gone (a crawler would send a request on a slot that is no longer its own): the worker
+    drops it, and the element runs again (attempt 2)."""
+    lease = 2.0
+    sock_path = str(tmp_path / "chaos.sock")
+    record = tmp_path / "record.jsonl"
+    env = {
+        **os.environ,
+        "CRAWLQ_BACKEND": chaos_url,
+        "CHAOS_SOCKET": sock_path,
+        "CHAOS_RECORD": str(record),
+        "CHAOS_LEASE": str(lease),
+        "PYTHONPATH": str(ROOT),
+    }
+
+    def did_work() -> bool:
+        return record.exists() and bool(record.read_text())
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(sock_path)
+        server.listen()
+        server.settimeout(60)
+        schedule_cli(env, "step", '"one"')
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "crawlq", "worker", APP, "-c", "1"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            first, _ = server.accept()
+            with first:
+                assert first.makefile().readline() == "1\n"
+                worker.send_signal(signal.SIGSTOP)
+                first.sendall(b"go\n")  # waits in the socket until the worker runs again
+                time.sleep(lease + 1.5)  # the lease must run out: a span of time by definition
+                worker.send_signal(signal.SIGCONT)
+                # Either the stale task goes on (the defect) or the element comes back.
+                wait_until(lambda: did_work() or readable(server), "the element to come back")
+                assert not did_work(), "the task went on after its lease ran out"
+                second, _ = server.accept()
+                with second:
+                    assert second.makefile().readline() == "2\n"
+                    second.sendall(b"go\n")
+                    wait_until(did_work, "the task's work")
+        finally:
+            worker.send_signal(signal.SIGCONT)
+            worker.send_signal(signal.SIGTERM)
+            output = worker.communicate(timeout=60)[0].decode()
+    done = [json.loads(line) for line in record.read_text().splitlines()]
+    assert done == [{"element": "one", "attempt": 2}], output
+    assert "ran out" in output
+    assert backend_problems(chaos_url) == []
+
+
+def schedule_cli(env: dict[str, str], queue: str, element: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "crawlq", "schedule", queue, element, "--app", APP],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])

@@ -3,6 +3,12 @@
 The loop claims as many elements as it has free slots, runs each as an asyncio task, and
 batches acks and failures. With nothing claimable it sleeps until the next claimable time
 the backend reported, a wake-up from another process, or a free slot; it never polls.
+
+A task whose lease lapsed (the process was stopped or starved, or its heartbeats failed, for
+longer than the lease) is cancelled: by then the queue may have given its element, and its
+group slot, to another worker. The check is a timer at the earliest lease deadline, measured
+on this process's monotonic clock from when the claim or the last heartbeat was sent, so it
+fires in the first turn of the event loop after a pause, before any task resumes.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class WorkerStats:
     failed: int = 0
     dead: int = 0
     released: int = 0
+    lapsed: int = 0  # cancelled: the lease ran out before the task finished
     by_queue: dict[str, int] = field(default_factory=dict)
 
 
@@ -85,6 +92,9 @@ class Worker:
         self._hurry = asyncio.Event()
         self._stopping = False
         self._inflight: dict[asyncio.Task[None], Claimed] = {}
+        self._deadlines: dict[asyncio.Task[None], float] = {}  # loop time the lease runs out
+        self._lapsed: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
         self._changed = asyncio.Event()  # a slot freed or finished elements were written
         self._acks: list[Claimed] = []
         self._failures: list[Failure] = []
@@ -134,6 +144,8 @@ class Worker:
             self._closing = True
             self._flush_wanted.set()
             await flusher
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
             await backend.unregister_worker(self.id)
@@ -157,6 +169,7 @@ class Worker:
             flushes = self._flushes
             try:
                 asked = time.perf_counter()
+                sent = asyncio.get_running_loop().time()
                 result = await backend.claim(
                     self.queues, worker=self.id, limit=want, lease=self.lease
                 )
@@ -170,7 +183,8 @@ class Worker:
                 continue
             outage_pause = 0.1
             for claimed in result.elements:
-                self._start(backend, claimed)
+                self._start(backend, claimed, sent + self.lease)
+            self._arm_watchdog()
             if len(result.elements) == want:
                 continue
             now = backend.now()
@@ -206,17 +220,54 @@ class Worker:
             for waiter in waiters:
                 waiter.cancel()
 
-    def _start(self, backend: Backend, claimed: Claimed) -> None:
+    def _start(self, backend: Backend, claimed: Claimed, deadline: float) -> None:
         self._metrics.started(claimed.queue, max(0.0, claimed.claimed_at - claimed.due))
         task = asyncio.create_task(
             self._run_one(backend, claimed), name=f"crawlq:{claimed.queue}:{claimed.key[:80]}"
         )
         self._inflight[task] = claimed
+        self._deadlines[task] = deadline
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._inflight.pop(task, None)
+        self._deadlines.pop(task, None)
+        self._lapsed.discard(task)
         self._changed.set()
+
+    def _arm_watchdog(self) -> None:
+        """Sets the lease timer to the earliest deadline of the running tasks."""
+        when = min(self._deadlines.values(), default=None)
+        if self._watchdog is not None:
+            if when is not None and self._watchdog.when() == when:
+                return
+            self._watchdog.cancel()
+            self._watchdog = None
+        if when is not None:
+            self._watchdog = asyncio.get_running_loop().call_at(when, self._leases_lapsed)
+
+    def _leases_lapsed(self) -> None:
+        """A plain callback, not a task: it runs in the loop turn that finds it due, so the
+        tasks it cancels take no further step with a lease that is gone."""
+        self._watchdog = None
+        now = asyncio.get_running_loop().time()
+        for task, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[task]
+                self._lapsed.add(task)
+                task.cancel()
+                claimed = self._inflight[task]
+                self.stats.lapsed += 1
+                log.warning(
+                    "worker %s: lease of %s %s (attempt %d) ran out %.1fs ago; dropped it,"
+                    " the queue gives it to another worker",
+                    self.id,
+                    claimed.queue,
+                    claimed.key[:200],
+                    claimed.attempt,
+                    now - deadline,
+                )
+        self._arm_watchdog()
 
     async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
         fields = task_fields(
@@ -246,7 +297,7 @@ class Worker:
             async with asyncio.timeout(task.options.timeout) as deadline:
                 await task.run(ctx, element)
         except asyncio.CancelledError:
-            if self._stopping:
+            if self._stopping and asyncio.current_task() not in self._lapsed:
                 await backend.release([claimed])
                 self.stats.released += 1
             raise
@@ -309,13 +360,25 @@ class Worker:
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
         interval = max(0.05, self.lease / 3)
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
-            pending = [*self._inflight.values(), *self._acks, *(f.element for f in self._failures)]
+            running = [t for t in self._inflight if t not in self._lapsed]
+            pending = [
+                *(self._inflight[t] for t in running),
+                *self._acks,
+                *(f.element for f in self._failures),
+            ]
+            sent = loop.time()
             try:
                 await backend.heartbeat(info, pending, self.lease)
             except Exception:
                 log.exception("heartbeat of worker %s failed; retrying", self.id)
+                continue
+            for task in running:
+                if task in self._deadlines:
+                    self._deadlines[task] = sent + self.lease
+            self._arm_watchdog()
 
     async def _drain(self, backend: Backend) -> None:
         """Stopping: running tasks get the grace period, then go back to the queue at once."""

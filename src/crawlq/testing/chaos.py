@@ -1,0 +1,370 @@
+"""Worker chaos on a real crawl: several `crawlq crawl` processes share one backend and one
+output folder while a synthetic web logs every request; some workers are SIGKILLed at points
+set by progress (every k pages the server saw) and replaced, one is SIGSTOPped for longer
+than its lease and then continued. The crawl is judged from the server's own log.
+
+    with SyntheticWebThread(sites) as web:
+        result = run_worker_chaos(web, plan, url, workdir)
+
+Used by tests/chaos/test_worker_chaos.py (CI size) and benchmarks/chaos_bench.py (full size).
+Everything stays on loopback (127.0.1.x), reached through `--resolve` and `--resolve-only`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..crawl.testing.sites import Hit, Site, SyntheticWeb
+
+#: How often the controller looks at the server's log and its processes.
+POLL = 0.02
+
+
+class SyntheticWebThread:
+    """A `SyntheticWeb` serving from an event loop on a thread of its own, so a synchronous
+    controller can start and signal processes while it serves."""
+
+    def __init__(self, sites: list[Site]) -> None:
+        self.net = SyntheticWeb(sites)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="synthetic-web", daemon=True)
+
+    def _run(self) -> None:
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            async with self.net:
+                self._ready.set()
+                await self._stop.wait()
+
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:  # reported by __enter__ or __exit__
+            self._error = exc
+            self._ready.set()
+
+    def __enter__(self) -> SyntheticWebThread:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"the synthetic web did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def hits(self) -> list[Hit]:
+        return self.net.hits
+
+    def pages_seen(self) -> int:
+        """Page requests that arrived so far (robots.txt left out)."""
+        return sum(1 for hit in list(self.net.hits) if hit.path != "/robots.txt")
+
+    def seeds(self) -> list[str]:
+        return [self.net.url(name) for name in self.net.sites]
+
+    def resolve_args(self) -> list[str]:
+        return [arg for name, a in self.net.resolve.items() for arg in ("--resolve", f"{name}={a}")]
+
+    def expected_pages(self) -> set[tuple[str, str]]:
+        return {
+            (name, f"/page/{n}") for name, site in self.net.sites.items() for n in range(site.pages)
+        }
+
+
+def chaos_sites(count: int, pages: int, latency: float) -> list[Site]:
+    """`count` sites of `pages` pages, no robots.txt rules; page 0 of each is a seed."""
+    return [Site(name=f"site{n}.test", pages=pages, latency=latency) for n in range(count)]
+
+
+# -- judging from the server's log --------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Violation:
+    kind: str  # "concurrency" or "interval"
+    host: str
+    path: str
+    at: float
+    detail: str
+
+
+@dataclass(kw_only=True)
+class Verdict:
+    requests: int
+    pages: int  # distinct pages answered 200
+    expected: int
+    missing: list[tuple[str, str]]
+    duplicates: int  # page requests answered 200 beyond the first, per page
+    violations: list[Violation]
+    min_gap: float | None
+
+    def count(self, kind: str) -> int:
+        return sum(1 for v in self.violations if v.kind == kind)
+
+
+def judge(
+    hits: Sequence[Hit], expected: set[tuple[str, str]], *, concurrency: int, interval: float
+) -> Verdict:
+    """Politeness from the server's side: a request arriving while `concurrency` others to
+    its host were unanswered, or less than `interval` seconds after the previous arrival at
+    its host (robots.txt requests are requests too)."""
+    by_host: dict[str, list[Hit]] = defaultdict(list)
+    for hit in hits:
+        by_host[hit.host].append(hit)
+    violations: list[Violation] = []
+    min_gap: float | None = None
+    for host, rows in by_host.items():
+        rows.sort(key=lambda h: h.at)
+        open_ends: list[float] = []
+        for hit in rows:
+            open_ends = [end for end in open_ends if end > hit.at]
+            if len(open_ends) >= concurrency:
+                detail = f"{len(open_ends)} requests still open"
+                violations.append(Violation(kind="concurrency", host=host, path=hit.path,
+                                            at=hit.at, detail=detail))  # fmt: skip
+            open_ends.append(hit.ended if hit.ended is not None else float("inf"))
+        for earlier, later in itertools.pairwise(rows):
+            gap = later.at - earlier.at
+            min_gap = gap if min_gap is None else min(min_gap, gap)
+            if gap < interval:
+                detail = f"{gap * 1000:.1f} ms after {earlier.path}"
+                violations.append(Violation(kind="interval", host=host, path=later.path,
+                                            at=later.at, detail=detail))  # fmt: skip
+    answered = Counter(
+        (h.host, h.path) for h in hits if h.status == 200 and h.path != "/robots.txt"
+    )
+    fetched = set(answered) & expected
+    return Verdict(
+        requests=len(hits),
+        pages=len(fetched),
+        expected=len(expected),
+        missing=sorted(expected - fetched),
+        duplicates=sum(n - 1 for n in answered.values()),
+        violations=sorted(violations, key=lambda v: v.at),
+        min_gap=min_gap,
+    )
+
+
+# -- the worker processes -----------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Fleet:
+    """`crawlq crawl` processes started from one command line, each logging to a file."""
+
+    command: list[str]
+    logs: Path
+    env: dict[str, str] | None = None
+    running: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    ended: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _numbers: itertools.count[int] = field(default_factory=itertools.count)
+
+    def start(self) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        number = next(self._numbers)
+        with (self.logs / f"worker-{number}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, start_new_session=True,
+            )  # fmt: skip
+        self.running[proc.pid] = proc
+        return proc.pid
+
+    def reap(self) -> None:
+        for pid, proc in list(self.running.items()):
+            if proc.poll() is not None:
+                self.ended.append(self.running.pop(pid))
+
+    def signal(self, pid: int, sig: signal.Signals) -> None:
+        self.running[pid].send_signal(sig)
+
+    def kill(self, pid: int) -> None:
+        proc = self.running.pop(pid)
+        proc.kill()
+        proc.wait()
+        self.ended.append(proc)
+
+    def close(self) -> None:
+        for proc in self.running.values():
+            proc.kill()
+            proc.wait()
+        self.ended.extend(self.running.values())
+        self.running.clear()
+
+    def failures(self) -> list[str]:
+        """Processes that ended on their own with an error: their log's tail."""
+        bad = []
+        for proc in self.ended:
+            if proc.returncode not in (0, -signal.SIGKILL):
+                bad.append(f"pid {proc.pid} exited with {proc.returncode}")
+        return bad
+
+
+def crawl_command(
+    web: SyntheticWebThread,
+    *,
+    backend: str,
+    out: Path,
+    concurrency: int,
+    delay: float,
+    lease: float,
+    max_attempts: int = 10,
+) -> list[str]:
+    return [
+        sys.executable, "-m", "crawlq", "crawl", *web.seeds(), *web.resolve_args(),
+        "--resolve-only", "--allow-network", "127.0.0.0/8", "--backend", backend,
+        "--out", str(out), "--concurrency-per-domain", str(concurrency), "--delay", str(delay),
+        "--lease", str(lease), "--max-attempts", str(max_attempts), "--retry-delay", "0.2",
+        "--timeout", "10", "--no-progress", "--log-level", "WARNING",
+    ]  # fmt: skip
+
+
+# -- the chaos run ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosPlan:
+    workers: int = 3
+    kills: int = 5
+    stops: int = 1
+    concurrency: int = 2  # per domain
+    delay: float = 0.05
+    lease: float = 3.0
+    stop_for: float = 5.0  # seconds a stopped worker stays stopped; more than `lease`
+    seed: int = 7
+    timeout: float = 600.0
+
+
+@dataclass(kw_only=True)
+class ChaosResult:
+    verdict: Verdict
+    kills: int
+    stops: int
+    started: int  # worker processes in all
+    seconds: float
+    problems: list[str]  # from Backend.check() and the final counts
+    process_failures: list[str]
+    kill_points: list[int] = field(default_factory=list)
+
+
+def run_worker_chaos(
+    web: SyntheticWebThread,
+    plan: ChaosPlan,
+    backend: str,
+    workdir: Path,
+    *,
+    inspect: Callable[[str], list[str]],
+) -> ChaosResult:
+    """Crawls the whole web with `plan.workers` processes at once, killing one (and starting
+    a replacement) each time the server has seen another `total / (kills + 1)` pages, and
+    stopping one for `plan.stop_for` seconds at the first such point. `inspect(backend)`
+    returns the backend's problems at the end (its check, leftover counts)."""
+    expected = web.expected_pages()
+    step = max(1, len(expected) // (plan.kills + plan.stops + 1))
+    points = [step * (n + 1) for n in range(plan.kills + plan.stops)]
+    stop_points = set(points[len(points) // 2 : len(points) // 2 + plan.stops])
+    rng = random.Random(plan.seed)
+    command = crawl_command(
+        web,
+        backend=backend,
+        out=workdir / "out",
+        concurrency=plan.concurrency,
+        delay=plan.delay,
+        lease=plan.lease,
+    )
+    fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
+    stopped: dict[int, float] = {}  # pid -> when to continue it
+    kills = stops = started = 0
+    began = time.monotonic()
+    try:
+        for _ in range(plan.workers):
+            fleet.start()
+            started += 1
+        pending = list(points)
+        while fleet.running:
+            if time.monotonic() - began > plan.timeout:
+                raise TimeoutError(f"the chaos crawl took more than {plan.timeout}s")
+            now = time.monotonic()
+            for pid, until in list(stopped.items()):
+                if now >= until:
+                    fleet.signal(pid, signal.SIGCONT)
+                    del stopped[pid]
+            if pending and web.pages_seen() >= pending[0]:
+                point = pending.pop(0)
+                candidates = [pid for pid in fleet.running if pid not in stopped]
+                if candidates:
+                    pid = rng.choice(sorted(candidates))
+                    if point in stop_points:
+                        fleet.signal(pid, signal.SIGSTOP)
+                        stopped[pid] = time.monotonic() + plan.stop_for
+                        stops += 1
+                    else:
+                        fleet.kill(pid)
+                        kills += 1
+                        fleet.start()
+                        started += 1
+            fleet.reap()
+            time.sleep(POLL)
+    finally:
+        for pid in stopped:
+            fleet.signal(pid, signal.SIGCONT)
+        fleet.close()
+    seconds = time.monotonic() - began
+    verdict = judge(list(web.hits), expected, concurrency=plan.concurrency, interval=plan.delay)
+    return ChaosResult(
+        verdict=verdict,
+        kills=kills,
+        stops=stops,
+        started=started,
+        seconds=seconds,
+        problems=inspect(backend),
+        process_failures=fleet.failures(),
+        kill_points=points,
+    )
+
+
+def backend_problems(url: str) -> list[str]:
+    """What is wrong with a queue that should be finished and quiet: the consistency check,
+    then anything still queued, running, dead or holding a group slot."""
+
+    async def read() -> list[str]:
+        from ..backends import open_backend
+
+        backend = open_backend(url, create=False)
+        await backend.open()
+        try:
+            problems = await backend.check()
+            for stats in await backend.queue_stats():
+                if stats.total or stats.running or stats.dead:
+                    problems.append(
+                        f"queue {stats.name}: {stats.total} left, {stats.running} running,"
+                        f" {stats.dead} dead"
+                    )
+            for group in await backend.group_stats(limit=100_000, include_idle=True):
+                if group.running or group.queued:
+                    problems.append(
+                        f"group {group.name}: {group.running} in flight, {group.queued} queued"
+                    )
+            return problems
+        finally:
+            await backend.close()
+
+    return asyncio.run(read())
