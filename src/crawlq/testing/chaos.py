@@ -22,14 +22,21 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from ..crawl.testing.sites import Hit, Site, SyntheticWeb
 
+if TYPE_CHECKING:
+    from ..backends import Backend
+
+T = TypeVar("T")
+
 #: How often the controller looks at the server's log and its processes.
 POLL = 0.02
+ROBOTS = "/robots.txt"
 
 
 class SyntheticWebThread:
@@ -75,7 +82,7 @@ class SyntheticWebThread:
 
     def pages_seen(self) -> int:
         """Page requests that arrived so far (robots.txt left out)."""
-        return sum(1 for hit in list(self.net.hits) if hit.path != "/robots.txt")
+        return sum(1 for hit in list(self.net.hits) if hit.path != ROBOTS)
 
     def seeds(self) -> list[str]:
         return [self.net.url(name) for name in self.net.sites]
@@ -104,6 +111,7 @@ class Violation:
     path: str
     at: float
     detail: str
+    robots: bool  # a robots.txt request is one of the two
 
 
 @dataclass(kw_only=True)
@@ -116,8 +124,11 @@ class Verdict:
     violations: list[Violation]
     min_gap: float | None
 
-    def count(self, kind: str) -> int:
-        return sum(1 for v in self.violations if v.kind == kind)
+    def count(self, kind: str, *, robots: bool | None = None) -> int:
+        """Violations of `kind`; with `robots`, only those (not) involving robots.txt."""
+        return sum(
+            1 for v in self.violations if v.kind == kind and (robots is None or v.robots == robots)
+        )
 
 
 def judge(
@@ -139,15 +150,18 @@ def judge(
             if len(open_ends) >= concurrency:
                 detail = f"{len(open_ends)} requests still open"
                 violations.append(Violation(kind="concurrency", host=host, path=hit.path,
-                                            at=hit.at, detail=detail))  # fmt: skip
+                                            at=hit.at, detail=detail,
+                                            robots=hit.path == ROBOTS))  # fmt: skip
             open_ends.append(hit.ended if hit.ended is not None else float("inf"))
         for earlier, later in itertools.pairwise(rows):
             gap = later.at - earlier.at
             min_gap = gap if min_gap is None else min(min_gap, gap)
             if gap < interval:
                 detail = f"{gap * 1000:.1f} ms after {earlier.path}"
+                robots = ROBOTS in (earlier.path, later.path)
                 violations.append(Violation(kind="interval", host=host, path=later.path,
-                                            at=later.at, detail=detail))  # fmt: skip
+                                            at=later.at, detail=detail,
+                                            robots=robots))  # fmt: skip
     answered = Counter(
         (h.host, h.path) for h in hits if h.status == 200 and h.path != "/robots.txt"
     )
@@ -246,11 +260,19 @@ class ChaosPlan:
     kills: int = 5
     stops: int = 1
     concurrency: int = 2  # per domain
-    delay: float = 0.05
+    delay: float = 0.0  # seconds between requests to a host
     lease: float = 3.0
     stop_for: float = 5.0  # seconds a stopped worker stays stopped; more than `lease`
     seed: int = 7
     timeout: float = 600.0
+
+    def events(self, pages: int) -> list[tuple[int, str]]:
+        """(pages the server has seen, "kill" or "stop"): evenly spread over the crawl, the
+        stops among the kills."""
+        total = self.kills + self.stops
+        step = max(1, pages // (total + 1))
+        stops = {round((n + 0.5) * total / self.stops) for n in range(self.stops)}
+        return [(step * (n + 1), "stop" if n in stops else "kill") for n in range(total)]
 
 
 @dataclass(kw_only=True)
@@ -259,28 +281,22 @@ class ChaosResult:
     kills: int
     stops: int
     started: int  # worker processes in all
+    held: int  # elements the killed and stopped workers held: the bound on duplicates
     seconds: float
     problems: list[str]  # from Backend.check() and the final counts
     process_failures: list[str]
-    kill_points: list[int] = field(default_factory=list)
+    lapsed: int  # "lease ran out" lines in the workers' logs
 
 
 def run_worker_chaos(
-    web: SyntheticWebThread,
-    plan: ChaosPlan,
-    backend: str,
-    workdir: Path,
-    *,
-    inspect: Callable[[str], list[str]],
+    web: SyntheticWebThread, plan: ChaosPlan, backend: str, workdir: Path
 ) -> ChaosResult:
     """Crawls the whole web with `plan.workers` processes at once, killing one (and starting
-    a replacement) each time the server has seen another `total / (kills + 1)` pages, and
-    stopping one for `plan.stop_for` seconds at the first such point. `inspect(backend)`
-    returns the backend's problems at the end (its check, leftover counts)."""
+    a replacement) or stopping one for `plan.stop_for` seconds each time the server has seen
+    another share of the pages (`plan.events`), then judges the crawl from the server's log
+    and the backend's state."""
     expected = web.expected_pages()
-    step = max(1, len(expected) // (plan.kills + plan.stops + 1))
-    points = [step * (n + 1) for n in range(plan.kills + plan.stops)]
-    stop_points = set(points[len(points) // 2 : len(points) // 2 + plan.stops])
+    pending = plan.events(len(expected))
     rng = random.Random(plan.seed)
     command = crawl_command(
         web,
@@ -292,27 +308,27 @@ def run_worker_chaos(
     )
     fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
     stopped: dict[int, float] = {}  # pid -> when to continue it
-    kills = stops = started = 0
+    kills = stops = started = held = 0
     began = time.monotonic()
     try:
         for _ in range(plan.workers):
             fleet.start()
             started += 1
-        pending = list(points)
         while fleet.running:
             if time.monotonic() - began > plan.timeout:
                 raise TimeoutError(f"the chaos crawl took more than {plan.timeout}s")
-            now = time.monotonic()
             for pid, until in list(stopped.items()):
-                if now >= until:
+                if time.monotonic() >= until:
                     fleet.signal(pid, signal.SIGCONT)
                     del stopped[pid]
-            if pending and web.pages_seen() >= pending[0]:
-                point = pending.pop(0)
-                candidates = [pid for pid in fleet.running if pid not in stopped]
-                if candidates:
-                    pid = rng.choice(sorted(candidates))
-                    if point in stop_points:
+            if pending and web.pages_seen() >= pending[0][0]:
+                # The victim is a worker holding leases (one starting up has nothing to lose).
+                holding = [pid for pid in sorted(fleet.running) if pid not in stopped]
+                holding = [pid for pid in holding if held_by(backend, pid)]
+                if holding:
+                    _, event = pending.pop(0)
+                    pid = rng.choice(holding)
+                    if event == "stop":
                         fleet.signal(pid, signal.SIGSTOP)
                         stopped[pid] = time.monotonic() + plan.stop_for
                         stops += 1
@@ -321,6 +337,7 @@ def run_worker_chaos(
                         kills += 1
                         fleet.start()
                         started += 1
+                    held += held_by(backend, pid)  # it changes nothing until continued
             fleet.reap()
             time.sleep(POLL)
     finally:
@@ -329,42 +346,64 @@ def run_worker_chaos(
         fleet.close()
     seconds = time.monotonic() - began
     verdict = judge(list(web.hits), expected, concurrency=plan.concurrency, interval=plan.delay)
+    logs = [path.read_text(errors="replace") for path in sorted((workdir / "logs").iterdir())]
     return ChaosResult(
         verdict=verdict,
         kills=kills,
         stops=stops,
         started=started,
+        held=held,
         seconds=seconds,
-        problems=inspect(backend),
+        problems=backend_problems(backend),
         process_failures=fleet.failures(),
-        kill_points=points,
+        lapsed=sum(log.count("ran out") for log in logs),
     )
+
+
+def _with_backend(url: str, read: Callable[[Backend], Awaitable[T]]) -> T:
+    async def run() -> T:
+        from ..backends import open_backend
+
+        backend = open_backend(url, create=False)
+        await backend.open()
+        try:
+            return await read(backend)
+        finally:
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+def held_by(url: str, pid: int) -> int:
+    """How many elements the worker process `pid` holds leases on."""
+
+    async def read(backend: Backend) -> int:
+        held = 0
+        for worker in await backend.workers():
+            if worker.pid == pid:
+                held += len(await backend.worker_elements(worker.id, limit=1_000_000))
+        return held
+
+    return _with_backend(url, read)
 
 
 def backend_problems(url: str) -> list[str]:
     """What is wrong with a queue that should be finished and quiet: the consistency check,
     then anything still queued, running, dead or holding a group slot."""
 
-    async def read() -> list[str]:
-        from ..backends import open_backend
+    async def read(backend: Backend) -> list[str]:
+        problems = await backend.check()
+        for stats in await backend.queue_stats():
+            if stats.total or stats.running or stats.dead:
+                problems.append(
+                    f"queue {stats.name}: {stats.total} left, {stats.running} running,"
+                    f" {stats.dead} dead"
+                )
+        for group in await backend.group_stats(limit=1_000_000, include_idle=True):
+            if group.running or group.queued:
+                problems.append(
+                    f"group {group.name}: {group.running} in flight, {group.queued} queued"
+                )
+        return problems
 
-        backend = open_backend(url, create=False)
-        await backend.open()
-        try:
-            problems = await backend.check()
-            for stats in await backend.queue_stats():
-                if stats.total or stats.running or stats.dead:
-                    problems.append(
-                        f"queue {stats.name}: {stats.total} left, {stats.running} running,"
-                        f" {stats.dead} dead"
-                    )
-            for group in await backend.group_stats(limit=100_000, include_idle=True):
-                if group.running or group.queued:
-                    problems.append(
-                        f"group {group.name}: {group.running} in flight, {group.queued} queued"
-                    )
-            return problems
-        finally:
-            await backend.close()
-
-    return asyncio.run(read())
+    return _with_backend(url, read)
