@@ -16,6 +16,9 @@ ACCEPT_ENCODING = "gzip, deflate"
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 #: A meta charset must appear early in the document to count (as browsers do).
 META_SCAN_BYTES = 4096
+#: Charset detection reads this much of a body: detecting on all of a 10 MB page would hold
+#: the event loop for over a second.
+DETECT_BYTES = 64 * 1024
 
 
 def decode_content(raw: bytes, encoding: str | None, *, max_bytes: int, url: str) -> bytes:
@@ -34,18 +37,33 @@ def decode_content(raw: bytes, encoding: str | None, *, max_bytes: int, url: str
 
 
 def _inflate(data: bytes, coding: str, max_bytes: int, url: str) -> bytes:
+    """Inflates at most `max_bytes` + 1 bytes, whatever the ratio (gzip bodies of several
+    members, as concatenated files are, count together)."""
     if coding in ("gzip", "x-gzip"):
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        wbits = 16 + zlib.MAX_WBITS
     elif coding == "deflate":
         # Servers send zlib-wrapped or raw deflate under this name; zlib tells them apart.
         wbits = zlib.MAX_WBITS if data[:1] == b"\x78" else -zlib.MAX_WBITS
-        inflater = zlib.decompressobj(wbits)
     else:
         raise ValueError(f"unsupported content encoding {coding!r}")
-    body = inflater.decompress(data, max_bytes + 1)
-    if len(body) > max_bytes:
-        raise FetchError(Reason.TOO_LARGE, url, f"decoded body over {max_bytes} bytes")
-    return body + inflater.flush()
+    parts: list[bytes] = []
+    size = 0
+    while data:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(data, max_bytes + 1 - size)
+        except zlib.error:
+            if not parts:
+                raise
+            break  # bytes after the last member that are not one: ignored, as before
+        size += len(part)
+        if size > max_bytes or inflater.unconsumed_tail:
+            raise FetchError(Reason.TOO_LARGE, url, f"decoded body over {max_bytes} bytes")
+        parts.append(part)
+        if not inflater.eof or coding == "deflate":
+            break  # a truncated stream gives what it holds, as browsers show it
+        data = inflater.unused_data
+    return b"".join(parts)
 
 
 def known_charset(name: str | None) -> str | None:
@@ -81,8 +99,8 @@ def decode_text(body: bytes, declared: str | None, url: str, *, html: bool = Tru
         return body.decode("utf-8")
     except UnicodeDecodeError:
         pass
-    best = charset_normalizer.from_bytes(body).best()
+    best = charset_normalizer.from_bytes(body[:DETECT_BYTES]).best()
     if best is None or best.encoding is None:
         what = f"unknown charset {name!r}" if name else "no charset declared"
         raise FetchError(Reason.BAD_ENCODING, url, f"{what} and none detected")
-    return str(best)
+    return body.decode(best.encoding, "replace")  # detected on a sample: the rest may stray

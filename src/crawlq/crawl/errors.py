@@ -27,6 +27,7 @@ class Reason(StrEnum):
     TOO_LARGE = "too_large"
     BAD_ENCODING = "bad_encoding"
     BROKEN_BODY = "broken_body"
+    BAD_RESPONSE = "bad_response"  # not HTTP: a bad status line, headers too big or wrong
     REDIRECT_LOOP = "redirect_loop"
     TOO_MANY_REDIRECTS = "too_many_redirects"
     ROBOTS_DISALLOWED = "robots_disallowed"

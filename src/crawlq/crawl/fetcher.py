@@ -12,6 +12,7 @@ import asyncio
 import errno
 import functools
 import itertools
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +36,10 @@ LoginHook = Callable[["Session"], Awaitable[None]]
 ExpiredTest = Callable[[Response], bool]
 
 READ_CHUNK = 64 * 1024
+#: Bounds on a response's head (aiohttp's defaults, made ours): the status line and each
+#: header line at most MAX_LINE bytes, at most MAX_HEADERS headers, so at most about 1 MB.
+MAX_LINE = 8190
+MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
 
@@ -152,7 +157,7 @@ class Fetcher:
                 use_dns_cache=True,
                 ttl_dns_cache=settings.dns_ttl,
                 resolver=self._resolver,
-                ssl=settings.verify_tls,
+                ssl=_tls(settings),
             )
         return self._connector
 
@@ -207,6 +212,9 @@ class Fetcher:
                 timeout=aiohttp.ClientTimeout(
                     total=timeouts.total, sock_connect=timeouts.connect, sock_read=timeouts.read
                 ),
+                max_line_size=MAX_LINE,
+                max_field_size=MAX_LINE,
+                max_headers=MAX_HEADERS,
                 headers={
                     "User-Agent": self.settings.user_agent,
                     "Accept-Encoding": ACCEPT_ENCODING,
@@ -291,12 +299,15 @@ class Fetcher:
         follow: bool = True,
         pace: HopCheck | None = None,
     ) -> Response:
-        """One request through `session` and its redirects; no login handling."""
+        """One request through `session` and its redirects; no login handling. The total
+        timeout bounds the time spent sending and receiving all the hops together."""
         use_robots = self.settings.robots if robots is None else robots
         history: list[Response] = []
         visited = {url}
         current = url
+        total = self.settings.timeouts.total
         while True:
+            spent = sum(hop.elapsed for hop in history)
             try:
                 if check is not None:
                     await check(current)
@@ -305,7 +316,12 @@ class Fetcher:
                     await self.robots.check(current)
                 if pace is not None:
                     await pace(current)
-                response = await self._send(session.client, method, current, data, headers)
+                if spent >= total:
+                    raise FetchError(
+                        Reason.TIMEOUT, current, f"redirects took over the total timeout {total:g}s"
+                    )
+                budget = total - spent
+                response = await self._send(session.client, method, current, data, headers, budget)
             except Throttled as exc:
                 raise Throttled(exc.url, exc.until, exc.detail, responses=history) from exc
             except FetchError as exc:
@@ -313,8 +329,8 @@ class Fetcher:
             response = _with_history(response, history)
             if not (follow and response.is_redirect):
                 return response
-            target = urljoin(current, response.header("Location") or "").split("#", 1)[0]
             history.append(response)
+            target = _redirect_target(current, response.header("Location") or "", history)
             if target in visited:
                 raise FetchError(
                     Reason.REDIRECT_LOOP,
@@ -345,13 +361,25 @@ class Fetcher:
         url: str,
         data: Mapping[str, str] | bytes | None,
         headers: Mapping[str, str] | None,
+        budget: float,
     ) -> Response:
+        """One hop, done within `budget` seconds, its body (decoded too) within max_bytes."""
         max_bytes = self.settings.max_bytes
         proxy = next(self._proxies) if self._proxies is not None else None
+        timeouts = self.settings.timeouts
+        timeout = aiohttp.ClientTimeout(
+            total=budget, sock_connect=timeouts.connect, sock_read=timeouts.read
+        )
         started = time.monotonic()
         try:
             async with client.request(
-                method, url, data=data, headers=headers, allow_redirects=False, proxy=proxy
+                method,
+                url,
+                data=data,
+                headers=headers,
+                allow_redirects=False,
+                proxy=proxy,
+                timeout=timeout,
             ) as answer:
                 fetched_at = time.time()
                 if answer.content_length is not None and answer.content_length > max_bytes:
@@ -364,26 +392,70 @@ class Fetcher:
                     if len(raw) > max_bytes:
                         raise FetchError(Reason.TOO_LARGE, url, f"body over {max_bytes} bytes")
                 worker_metrics().record_fetch(answer.status, len(raw))
+                received = bytes(raw)
+                del raw  # one copy of the body in memory, not two
                 encoding = answer.headers.get("Content-Encoding")
-                body = decode_content(bytes(raw), encoding, max_bytes=max_bytes, url=url)
+                body = decode_content(received, encoding, max_bytes=max_bytes, url=url)
                 version = answer.version
                 return Response(
                     url=url,
                     status=answer.status,
-                    reason=answer.reason or "",
+                    # aiohttp decodes it as UTF-8 (surrogates for the rest): back to bytes,
+                    # then Latin-1 like the headers, so any byte the server sent survives.
+                    reason=(answer.reason or "")
+                    .encode("utf-8", "surrogateescape")
+                    .decode("latin-1"),
                     http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
                     headers=tuple(
                         (k.decode("latin-1"), v.decode("latin-1")) for k, v in answer.raw_headers
                     ),
-                    raw=bytes(raw),
+                    raw=received,
                     body=body,
                     fetched_at=fetched_at,
                     elapsed=time.monotonic() - started,
                 )
         except FetchError:
             raise
+        except TimeoutError as exc:
+            total = timeouts.total
+            what = str(exc) or f"no complete answer within the total timeout of {total:g}s"
+            if budget < total:
+                what += f" ({budget:.3g}s were left after the redirects)"
+            raise FetchError(Reason.TIMEOUT, url, what) from exc
         except Exception as exc:
             raise _translate(exc, url) from exc
+
+
+def _tls(settings: FetchSettings) -> ssl.SSLContext | bool:
+    """What the connector verifies certificates with: the system's CAs, `ca_file`'s, or none."""
+    if not settings.verify_tls:
+        return False
+    if settings.ca_file is None:
+        return True
+    return ssl.create_default_context(cafile=settings.ca_file)
+
+
+def _redirect_target(current: str, location: str, history: list[Response]) -> str:
+    """Where a redirect leads, without its fragment; BAD_RESPONSE if not an http(s) URL."""
+    try:
+        target = urljoin(current, location).split("#", 1)[0]
+        parts = urlsplit(target)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        raise FetchError(
+            Reason.BAD_RESPONSE,
+            current,
+            _one_line(f"redirect to an invalid URL {location!r}: {exc}"),
+            responses=history,
+        ) from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError(
+            Reason.BAD_RESPONSE,
+            current,
+            _one_line(f"redirect to a URL that is not http(s): {location!r}"),
+            responses=history,
+        )
+    return target
 
 
 def _with_history(response: Response, history: list[Response]) -> Response:
@@ -403,17 +475,35 @@ def _with_history(response: Response, history: list[Response]) -> Response:
     )
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    """aiohttp's parser messages span lines and quote whole headers: one line, capped."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _translate(exc: Exception, url: str) -> FetchError:
     """aiohttp's and the OS's errors, as the reasons a page record names."""
-    detail = str(exc) or type(exc).__name__
+    detail = _one_line(str(exc) or type(exc).__name__)
     if isinstance(exc, TimeoutError):
         return FetchError(Reason.TIMEOUT, url, detail)
     if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, BlockedAddress):
         return FetchError(Reason.BLOCKED, url, str(exc.os_error))
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return FetchError(Reason.DNS, url, detail)
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        error = exc.certificate_error
+        why = getattr(error, "verify_message", None) or str(error)
+        return FetchError(Reason.TLS, url, f"certificate refused: {why} ({exc.host}:{exc.port})")
     if isinstance(exc, aiohttp.ClientSSLError):
         return FetchError(Reason.TLS, url, detail)
+    if isinstance(exc, aiohttp.ClientHttpProxyError):
+        return FetchError(Reason.NETWORK, url, f"the proxy refused: {exc.status} {exc.message}")
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # Raised by the parser: not HTTP, a bad status line, headers too long or too many.
+        return FetchError(Reason.BAD_RESPONSE, url, _one_line(exc.message))
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        what = "the server closed the connection before a complete answer"
+        return FetchError(Reason.NETWORK, url, what)
     if isinstance(exc, aiohttp.ClientConnectorError):
         if exc.os_error.errno == errno.ECONNREFUSED:
             return FetchError(Reason.REFUSED, url, detail)

@@ -13,7 +13,8 @@ DEFAULT_USER_AGENT = "crawlq/0.1 (+https://github.com/crawlq/crawlq)"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Timeouts:
-    """Seconds: to connect, between two reads of the body, and for the whole request."""
+    """Seconds: to connect, between two reads of the response, and for the whole request
+    (its redirects included; robots.txt is a request of its own)."""
 
     connect: float = 10.0
     read: float = 30.0
@@ -45,6 +46,7 @@ class FetchSettings:
     dns_ttl: int = 300
     connections: int = 1000
     verify_tls: bool = True
+    ca_file: str | None = None  # a CA bundle to verify certificates with (system CAs if None)
     robots: bool = True
     robots_ttl: float = 24 * 3600.0
     max_crawl_delay: float = 60.0

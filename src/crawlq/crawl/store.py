@@ -109,8 +109,14 @@ class WarcStore:
             else:
                 loop.call_soon_threadsafe(_settle, batch, refs, None)
 
-    def _put_many(self, responses: list[Response]) -> list[RecordRef]:
-        refs = [self._writer.write(response, flush=False) for response in responses]
+    def _put_many(self, responses: list[Response]) -> list[RecordRef | Exception]:
+        """Writes and indexes the batch; a response that cannot be written fails alone."""
+        refs: list[RecordRef | Exception] = []
+        for response in responses:
+            try:
+                refs.append(self._writer.write(response, flush=False))
+            except (ValueError, UnicodeError) as exc:
+                refs.append(exc)
         self._writer.flush()
         connection = self._connection()
         connection.execute("BEGIN")
@@ -120,6 +126,7 @@ class WarcStore:
                 [
                     (r.url, r.fetched_at, r.status, ref.file, ref.offset, ref.length)
                     for r, ref in zip(responses, refs, strict=True)
+                    if isinstance(ref, RecordRef)
                 ],
             )
             connection.execute("COMMIT")
@@ -159,13 +166,16 @@ class WarcStore:
 
 
 def _settle(
-    batch: list[_Pending], refs: list[RecordRef] | None, error: BaseException | None
+    batch: list[_Pending],
+    refs: list[RecordRef | Exception] | None,
+    error: BaseException | None,
 ) -> None:
     for index, (_, future) in enumerate(batch):
         if future.done():  # its put was cancelled
             continue
-        if refs is not None:
-            future.set_result(refs[index])
+        outcome = error if refs is None else refs[index]
+        if isinstance(outcome, RecordRef):
+            future.set_result(outcome)
         else:
-            assert error is not None
-            future.set_exception(error)
+            assert outcome is not None
+            future.set_exception(outcome)

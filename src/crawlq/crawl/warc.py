@@ -2,7 +2,10 @@
 
 Every file starts with a warcinfo record; each response is one `response` record holding
 the status line, the headers and the body exactly as received (compressed if the server
-compressed it). `Transfer-Encoding` is dropped: the body is stored de-chunked.
+compressed it). `Transfer-Encoding` is dropped: the body is stored de-chunked. Bytes outside
+ASCII in the status line and the headers are stored %-escaped (%E9), as WARC headers are
+ASCII. Each record is built in memory first, so one that cannot be written leaves nothing
+behind in the file and fails alone.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ class StoredResponse:
         return decode_text(self.body, match.group(1) if match else None, self.url, html=html)
 
 
+def _ascii(text: str) -> str:
+    """Header text (each character one byte the server sent, as Latin-1) as ASCII: control
+    characters and bytes past 0x7E %-escaped."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if " " <= c <= "~" or c == "\t" else f"%{ord(c) & 0xFF:02X}" for c in text)
+
+
 def warc_date(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -102,8 +113,8 @@ class RotatingWarcWriter:
         """Appends one record; `flush=False` leaves it in the file's buffer (call `flush()`
         after a batch)."""
         file, writer = self._open()
-        headers = [(k, v) for k, v in response.headers if k.lower() not in _DROPPED]
-        status_line = f"{response.status} {response.reason}".strip()
+        headers = [(_ascii(k), _ascii(v)) for k, v in response.headers if k.lower() not in _DROPPED]
+        status_line = _ascii(f"{response.status} {response.reason}".strip())
         http_headers = StatusAndHeaders(status_line, headers, protocol=response.http_version)
         record = writer.create_warc_record(
             response.url,
@@ -116,8 +127,10 @@ class RotatingWarcWriter:
                 "WARC-Record-ID": f"<urn:uuid:{uuid.uuid4()}>",
             },
         )
+        buffer = io.BytesIO()
+        WARCWriter(buffer, gzip=True).write_record(record)
         offset = file.tell()
-        writer.write_record(record)
+        file.write(buffer.getbuffer())
         if flush:
             file.flush()
         ref = RecordRef(file=self._name, offset=offset, length=file.tell() - offset)
