@@ -6,7 +6,8 @@
 Both jobs read the same partner sites (the demo's: 8 sub-domains on 127.0.3.x, a login,
 HTML/CSV/JSON reports, 2% failing once), served with the proxy by a separate process, and
 both must keep to 4 requests at once per sub-domain. crawlq: the demo's pipeline (listing,
-download to WARC, parse, normalize into the results store) in one worker process on SQLite.
+download to WARC, parse, normalize into the results store) on SQLite, once in one worker
+process and once with parse and normalize in a second process.
 Legacy: a thread pool over the report URLs, a shared per-domain counter checked before each
 request, urllib with a cookie jar per sub-domain, results in SQLite: how such jobs are
 usually first written. Violations are counted from the sites' own log: requests that arrived
@@ -116,7 +117,10 @@ def violations(hits: list[dict[str, Any]]) -> tuple[int, int]:
     return over, peak
 
 
-async def run_crawlq(partners: Partners, data: Path) -> float:
+async def run_crawlq(partners: Partners, data: Path, *, split: bool) -> float:
+    """The demo's pipeline; with `split`, parse and normalize run in a worker process of
+    their own (`crawlq worker crawlq.demo.app:app --queue parse --queue normalize`), as the
+    stages are meant to be deployed, while this process fetches."""
     hello = partners.hello
     config = EtlConfig(
         data=data,
@@ -129,13 +133,30 @@ async def run_crawlq(partners: Partners, data: Path) -> float:
     )
     etl = build(config)
     started = time.perf_counter()
+    parsers: subprocess.Popen[bytes] | None = None
     try:
         from crawlq import Worker
 
         await etl.app.aschedule(etl.start, None)
-        await Worker(etl.app, burst=True, concurrency=200, burst_horizon=10).run()
+        if not split:
+            await Worker(etl.app, burst=True, concurrency=200, burst_horizon=10).run()
+        else:
+            command = [sys.executable, "-m", "crawlq", "worker", "crawlq.demo.app:app"]
+            command += ["--queue", "parse", "--queue", "normalize", "-c", "16"]
+            command += ["--log-level", "WARNING"]
+            parsers = subprocess.Popen(command, env={**os.environ, "CRAWLQ_DEMO_DIR": str(data)})
+            fetching = ["nightly", "listing", "download"]
+            await Worker(
+                etl.app, queues=fetching, burst=True, concurrency=200, burst_horizon=10
+            ).run()
+            backend = await etl.app.backend()
+            while any(q.total for q in await backend.queue_stats(["parse", "normalize"])):
+                await asyncio.sleep(0.1)  # the parse process finishes what is left
         etl.pipeline.run_finish()
     finally:
+        if parsers is not None:
+            parsers.terminate()
+            parsers.wait()
         await etl.app.aclose()
         etl.pipeline.results.close()
     return time.perf_counter() - started
@@ -212,20 +233,21 @@ def measure(reports: int, latency: float) -> Iterator[Outcome]:
         root = Path(scratch)
         partners = Partners(reports, latency)
         try:
-            data = root / "crawlq"
-            prepare(data)
-            seconds = asyncio.run(run_crawlq(partners, data))
-            hits = partners.log(root / "crawlq-hits.jsonl")
-            over, peak = violations(hits)
-            yield Outcome(
-                name="crawlq",
-                seconds=seconds,
-                reports=reports,
-                requests=len(hits),
-                violations=over,
-                peak=peak,
-            )
-            partners.command("reset")
+            for split in (False, True):
+                data = root / ("crawlq-split" if split else "crawlq")
+                prepare(data)
+                seconds = asyncio.run(run_crawlq(partners, data, split=split))
+                hits = partners.log(root / f"{data.name}-hits.jsonl")
+                over, peak = violations(hits)
+                yield Outcome(
+                    name="crawlq, fetch + parse processes" if split else "crawlq, 1 process",
+                    seconds=seconds,
+                    reports=reports,
+                    requests=len(hits),
+                    violations=over,
+                    peak=peak,
+                )
+                partners.command("reset")
             seconds = run_legacy(partners, root)
             hits = partners.log(root / "legacy-hits.jsonl")
             over, peak = violations(hits)
@@ -250,9 +272,10 @@ def main() -> None:
     load = os.getloadavg()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     outcomes = list(measure(options.reports, options.latency))
-    crawlq_run, legacy = outcomes
+    *crawlq_runs, legacy = outcomes
+    crawlq_run = min(crawlq_runs, key=lambda o: o.seconds)
     ratio = legacy.seconds / crawlq_run.seconds
-    met = ratio >= 4 and crawlq_run.violations == 0
+    met = ratio >= 4 and all(o.violations == 0 for o in crawlq_runs)
     lines = [
         f"Run `.venv/bin/python -m benchmarks.etl_bench --reports {options.reports}"
         f" --latency {options.latency}` on {when}; {platform.machine()}, Python"
@@ -269,7 +292,8 @@ def main() -> None:
         )
     lines += [
         "",
-        f"crawlq is {ratio:.1f}x faster with {crawlq_run.violations} violations; target"
+        f"crawlq ({crawlq_run.name}) is {ratio:.1f}x faster with {crawlq_run.violations}"
+        " violations; target"
         f" (at least 4x, zero violations): {'met' if met else 'NOT met'}.",
     ]
     if options.markdown:
