@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
+from urllib.parse import urlsplit
 
+from . import checks
 from .backends import DEFAULT_URL, Backend, open_backend
-from .checks import finite, int64
 from .errors import ConfigError, UnknownQueue
 from .limits import check_pattern
+from .observe.logs import redact
 from .portal import Portal
 from .retry import Retry
 from .tasks import GroupOption, KeyFunction, Task, TaskOptions, group_option, prepare
@@ -38,6 +40,42 @@ def schedule_mode(only_if_earlier: bool, only_if_new: bool) -> Mode:
     return Mode.ONLY_IF_NEW if only_if_new else Mode.OVERWRITE
 
 
+def check_backend_url(url: str) -> str:
+    """A backend URL that can be opened and shown: text without control characters, valid
+    Unicode, a port in range. Errors show it with its credentials masked."""
+    shown = redact(url) if isinstance(url, str) else repr(url)
+    problem = None if isinstance(url, str) else f"is a {type(url).__name__}, not text"
+    if problem is None:
+        problem = checks.unicode_error(url)
+        problem = f"is {problem}" if problem else None
+    if problem is None and not url.isprintable():
+        problem = "holds control characters"
+    if problem is None:
+        try:
+            urlsplit(url).port  # noqa: B018 - raises ValueError for a malformed address
+        except ValueError as exc:
+            problem = f"is malformed: {exc}"
+    if problem:
+        raise ConfigError(f"backend URL {checks.shorten(shown)} {problem}")
+    return url
+
+
+def delay(value: float) -> float:
+    """Seconds until an element is due: at most 100 years either way (in the past: earlier
+    among due elements)."""
+    return checks.seconds(value, "seconds (the delay)", negative=True)
+
+
+def limit_of(pattern: str, concurrency: int | None, interval: float) -> Limit:
+    """A Limit for `pattern` from numbers given by people, or a ConfigError naming both."""
+    try:
+        if concurrency is not None:
+            checks.integer(concurrency, "concurrency", low=1)
+        return Limit(concurrency=concurrency, interval=interval)
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"limit {pattern!r}: {exc}") from None
+
+
 class App:
     """Holds tasks and limits; connects lazily, once per event loop that uses it."""
 
@@ -45,7 +83,7 @@ class App:
         self, backend: str | None = None, *, clock: Callable[[], float] | None = None
     ) -> None:
         """`clock` drives the backend's time (tests); by default each backend keeps its own."""
-        self.url = backend or DEFAULT_URL
+        self.url = check_backend_url(backend or DEFAULT_URL)
         self.clock = clock
         self.tasks: dict[str, Task[Any]] = {}
         self.limit_rules: dict[str, LimitRule] = {}
@@ -56,7 +94,7 @@ class App:
         self._shared: dict[asyncio.AbstractEventLoop, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
-        return f"<App {self.url} tasks={sorted(self.tasks)}>"
+        return f"<App {redact(self.url)} tasks={sorted(self.tasks)}>"
 
     # -- declaring ------------------------------------------------------------------------
 
@@ -95,13 +133,17 @@ class App:
         """Registers a task. `start=True` marks an entry point of the job (`crawlq start`)."""
 
         def register(fn: F) -> Task[Any]:
-            name = queue or fn.__name__
-            if name in self.tasks:
-                raise ConfigError(f"two tasks use queue {name!r}: give one a queue= name")
-            if lease <= 0 or (timeout is not None and timeout <= 0):
-                raise ConfigError(f"task {name!r}: lease and timeout must be positive")
+            queue_name = checks.name(fn.__name__ if queue is None else queue, "queue name")
+            if queue_name in self.tasks:
+                raise ConfigError(f"two tasks use queue {queue_name!r}: give one a queue= name")
+            what = f"task {queue_name!r}:"
+            if checks.seconds(lease, f"{what} lease") <= 0:
+                raise ConfigError(f"{what} lease must be positive, got {lease!r}")
+            if timeout is not None and checks.seconds(timeout, f"{what} timeout") <= 0:
+                raise ConfigError(f"{what} timeout must be positive, got {timeout!r}")
             policy = retry or Retry()
             if max_attempts is not None:
+                checks.integer(max_attempts, f"{what} max_attempts", low=1)
                 policy = Retry(
                     max_attempts=max_attempts,
                     base=policy.base,
@@ -111,7 +153,7 @@ class App:
                 )
             group_by, group_function = group_option(None if start else group)
             options = TaskOptions(
-                queue=name,
+                queue=queue_name,
                 group_by=group_by,
                 group_function=group_function,
                 key=key,
@@ -122,19 +164,17 @@ class App:
                 timeout=timeout,
             )
             task: Task[Any] = Task(fn, options)
-            self.tasks[name] = task
+            self.tasks[queue_name] = task
             self._ready.clear()  # store the new queue before the next use
             return task
 
         return register(function) if function is not None else register
 
     def limit(self, pattern: str, *, concurrency: int | None = None, interval: float = 0.0) -> None:
-        """Limits every group matching the glob `pattern` (`*` is the default rule)."""
-        try:
-            limit = Limit(concurrency=concurrency, interval=interval)
-        except ValueError as exc:
-            raise ConfigError(f"limit {pattern!r}: {exc}") from None
-        pattern = check_pattern(pattern)
+        """Limits every group matching the glob `pattern` (`*` is the default rule).
+        `concurrency`: 1 to 2**53 - 1 or None (unlimited); `interval`: 0 to 100 years."""
+        limit = limit_of(pattern, concurrency, interval)
+        pattern = check_pattern(checks.name(pattern, "limit pattern"))
         self.limit_rules[pattern] = LimitRule(pattern=pattern, limit=limit)
         self._ready.clear()
 
@@ -231,15 +271,15 @@ class App:
     ) -> list[Schedule]:
         backend = backend or await self.backend()
         mode = schedule_mode(only_if_earlier, only_if_new)
-        due = backend.now() + finite(seconds, "seconds (the delay)")
-        int64(priority, "priority")
+        due = backend.now() + delay(seconds)
+        checks.integer(priority, "priority")
         task = target if isinstance(target, Task) else self.tasks.get(target)
         if task is not None:
             return [
                 task.prepare(e, due=due, priority=priority, mode=mode, revisit=revisit)
                 for e in elements
             ]
-        config = await self._queue_config(backend, str(target))
+        config = await self._queue_config(backend, checks.name(target, "queue name"))
         return [
             prepare(config, e, due=due, priority=priority, mode=mode, revisit=revisit)
             for e in elements

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .checks import MAX_NAME, shorten, unicode_error
 from .errors import ConfigError, InvalidElement
-from .grouping import GroupFunction, group_of
-from .identity import canonical_json
+from .grouping import GroupFunction, element_url, group_of
+from .identity import canonical_json, check_key
+from .observe.logs import redact
 from .retry import Retry
 from .types import JSON, GroupBy, Mode, QueueConfig, Schedule
 
@@ -113,6 +116,38 @@ async def call_task_function(
     return await loop.run_in_executor(None, run, function, ctx.sync, element)
 
 
+#: Whitespace and control characters, which no URL holds as such (they are escaped: %20).
+_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f-\x9f\s]")
+
+
+def check_url(url: str | None) -> None:
+    """Refuses a URL with whitespace or control characters: parsers drop or keep them as they
+    please, so one resource could be queued (and grouped) under several spellings."""
+    if url is not None:
+        found = _UNSAFE_IN_URL.search(url)
+        if found:
+            raise InvalidElement(
+                f"URL {_shown(url)} holds {found.group()!r} at character {found.start()}"
+                " (escape whitespace and control characters: %20)"
+            )
+
+
+def _shown(url: str) -> str:
+    """A URL as error messages show it: credentials masked, length capped."""
+    return shorten(redact(url))
+
+
+def check_group(group: str) -> None:
+    """A group returned by a task's group function: text of at most MAX_NAME characters."""
+    if not isinstance(group, str):
+        raise InvalidElement(f"the group function returned a {type(group).__name__}, not a str")
+    problem = unicode_error(group)
+    if problem or len(group) > MAX_NAME:
+        raise InvalidElement(
+            f"group {shorten(group)} is {problem or f'longer than {MAX_NAME} characters'}"
+        )
+
+
 def prepare(
     config: QueueConfig,
     element: JSON,
@@ -129,11 +164,16 @@ def prepare(
     payload = canonical_json(element, queue=config.name)
     if config.custom_key and key is None:
         raise ConfigError(f"queue {config.name!r} derives keys in its task's code: pass the app")
-    identity = payload if key is None else str(key(element))
+    identity = payload if key is None else check_key(str(key(element)), queue=config.name)
+    url = element_url(element) if config.group_by in (GroupBy.HOST, GroupBy.DOMAIN) else None
     try:
+        check_url(url)
         group = group_of(element, config.group_by, group_function)
+        if config.group_by is GroupBy.CUSTOM:
+            check_group(group)
     except InvalidElement as exc:
-        raise InvalidElement(exc.reason, queue=config.name) from None
+        reason = exc.reason if url is None else exc.reason.replace(repr(url), _shown(url))
+        raise InvalidElement(reason, queue=config.name) from None
     return Schedule(
         queue=config.name,
         key=identity,

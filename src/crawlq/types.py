@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Union
 
-from .checks import INT64
+from .checks import EXACT_INT, MAX_SECONDS
 
 JSON = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]  # noqa: UP007
 
@@ -111,18 +111,31 @@ class Failure:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Limit:
-    """Politeness of a group: at most `concurrency` in flight, starts `interval` s apart."""
+    """Politeness of a group: at most `concurrency` in flight, starts `interval` s apart
+    (concurrency from 1 to 2**53 - 1, interval from 0 to 100 years: see checks.py)."""
 
     concurrency: int | None = None
     interval: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.concurrency is not None and self.concurrency > INT64[1]:
-            raise ValueError(f"concurrency must fit in 64 bits, got {self.concurrency}")
-        if not 0 <= self.interval < float("inf"):
-            raise ValueError(f"interval must be a finite number >= 0, got {self.interval}")
+        concurrency, interval = self.concurrency, self.interval
+        if concurrency is not None and (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int | float)
+            or not 1 <= concurrency <= EXACT_INT
+        ):
+            raise ValueError(
+                f"concurrency must be an integer from 1 to {EXACT_INT}, got {concurrency!r}"
+            )
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not 0 <= interval <= MAX_SECONDS
+        ):
+            raise ValueError(
+                f"interval must be a number of seconds from 0 to {MAX_SECONDS:g} (100 years),"
+                f" got {interval!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

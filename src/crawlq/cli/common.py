@@ -14,9 +14,11 @@ from typing import Any, TypeVar
 
 import click
 
-from ..app import App
+from ..app import App, check_backend_url
 from ..backends import DEFAULT_URL, Backend, open_backend
+from ..checks import shorten, unicode_error
 from ..errors import ConfigError, CrawlqError
+from ..observe.logs import redact
 
 T = TypeVar("T")
 
@@ -47,13 +49,24 @@ log_level_option = click.option(
 
 
 class Group(click.Group):
-    """Turns every crawlq error into one line on stderr and exit status 1, never a traceback."""
+    """Turns every crawlq error into one line on stderr and exit status 1, never a traceback;
+    refuses arguments that are not UTF-8 (Python hands them over as lone surrogates, which no
+    backend can store) before any command runs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            problem = unicode_error(arg)
+            if problem:
+                raise click.ClickException(
+                    f"argument {shorten(redact(arg))} is {problem} (crawlq takes UTF-8)"
+                )
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except CrawlqError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(redact(str(exc))) from None
 
 
 def setup_logging(level: str) -> None:
@@ -94,7 +107,7 @@ def resolve_url(app_spec: str | None, backend_url: str | None) -> tuple[App | No
 @asynccontextmanager
 async def connected(url: str, *, create: bool = False) -> AsyncIterator[Backend]:
     """An open backend; by default refuses to create a database that is not there."""
-    backend = open_backend(url, create=create)
+    backend = open_backend(check_backend_url(url), create=create)
     await backend.open()
     try:
         yield backend

@@ -8,7 +8,10 @@ import socket
 
 import click
 
+from ..checks import seconds
 from ..errors import ConfigError
+from ..observe.logs import redact
+from ..observe.security import check_token
 from .common import backend_option, connected, resolve_url, run
 
 log = logging.getLogger("crawlq.dashboard")
@@ -29,9 +32,10 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
-    except OSError as exc:
+    except (OSError, ValueError, UnicodeError) as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
@@ -46,7 +50,13 @@ def _bind(host: str, port: int) -> socket.socket:
     show_default=True,
     help="Address to listen on; anything but loopback exposes the dashboard to the network.",
 )
-@click.option("--port", default=8080, show_default=True, help="Port (0: any free port).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Port (0: any free port).",
+)
 @click.option(
     "--token",
     envvar="CRAWLQ_DASHBOARD_TOKEN",
@@ -74,6 +84,9 @@ def dashboard(
     from ..observe.dashboard import LOOPBACK_HOSTS, Dashboard
 
     _, url = resolve_url(app_spec, backend_url)
+    cache = seconds(cache, "--cache")
+    if token is not None:
+        check_token(token)
     if not is_loopback(host) and not token:
         click.echo(
             f"warning: serving on {host} without --token: anyone who can reach it can re-queue "
@@ -97,7 +110,7 @@ def dashboard(
             server = uvicorn.Server(config)
             shown = f"[{host}]" if ":" in host else host
             click.echo(f"crawlq dashboard on http://{shown}:{bound}/")
-            log.info("dashboard for %s on %s:%d", backend.url, host, bound)
+            log.info("dashboard for %s on %s:%d", redact(backend.url), host, bound)
             await server.serve(sockets=[sock])
 
     try:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from ..checks import finite
+from .. import checks
+from ..app import limit_of
 from ..errors import ConfigError, CrawlqError
-from ..identity import canonical_json
+from ..identity import canonical_json, parse_json
 from ..limits import check_pattern
+from ..observe.logs import redact
 from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
 from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
 
@@ -45,13 +46,23 @@ def _limit_text(limit: Limit) -> str:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
-    "--groups", "group_count", default=10, show_default=True, help="Busiest groups shown."
+    "--groups",
+    "group_count",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Busiest groups shown.",
 )
 @click.option("--watch", is_flag=True, help="Redraw live until Ctrl-C.")
 @click.option(
     "--interval", default=1.0, show_default=True, help="Seconds between redraws with --watch."
 )
-@click.option("--count", type=int, default=None, help="With --watch: stop after this many redraws.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --watch: stop after this many redraws.",
+)
 @app_option
 @backend_option
 def stats(
@@ -68,7 +79,9 @@ def stats(
     if watch:
         if as_json:
             raise click.UsageError("--watch and --json exclude each other")
-        _watch(url, group_count, finite(interval, "--interval"), count)
+        if checks.seconds(interval, "--interval") <= 0:
+            raise ConfigError(f"--interval must be positive, got {interval:g}")
+        _watch(url, group_count, interval, count)
         return
 
     async def main() -> tuple[list[QueueStats], list[GroupStats], list[WorkerInfo], float]:
@@ -85,7 +98,13 @@ def stats(
         echo_json(
             {
                 "queues": [dataclasses.asdict(q) for q in queues],
-                "groups": [dataclasses.asdict(g) for g in groups],
+                "groups": [
+                    {
+                        **dataclasses.asdict(g),
+                        "block_reason": g.block_reason and redact(g.block_reason),
+                    }
+                    for g in groups
+                ],
                 "workers": [
                     {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"}
                     for w in workers
@@ -113,7 +132,7 @@ def stats(
                         g.running,
                         _limit_text(g.limit),
                         _when(g.next_start, now),
-                        f"{_when(g.blocked_until, now)} {g.block_reason or ''}".strip()
+                        f"{_when(g.blocked_until, now)} {redact(g.block_reason or '')}".strip()
                         if g.blocked_until and g.blocked_until > now
                         else "-",
                     ]
@@ -150,8 +169,8 @@ def dead() -> None:
 
 @dead.command("list")
 @click.argument("queue")
-@click.option("--limit", default=20, show_default=True)
-@click.option("--offset", default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, tracebacks included.")
 @backend_option
 @app_option
@@ -165,6 +184,7 @@ def dead_list(
 ) -> None:
     """Dead elements of QUEUE, newest first."""
     _, url = resolve_url(app_spec, backend_url)
+    queue = checks.name(queue, "queue name")
 
     async def main() -> list[Any]:
         async with connected(url) as backend:
@@ -184,14 +204,15 @@ def dead_list(
 def _canonical_key(key: str) -> str:
     """A key as stored: JSON keys in canonical form whatever their spelling; others as given."""
     try:
-        return canonical_json(json.loads(key))
-    except (ValueError, CrawlqError):
+        return canonical_json(parse_json(key))
+    except CrawlqError:
         return key
 
 
 def _take(queue: str, keys: tuple[str, ...], all_: bool, url: str, requeue: bool) -> int:
     if not keys and not all_:
         raise click.UsageError("name the KEYs (canonical JSON, as `dead list` shows) or pass --all")
+    queue = checks.name(queue, "queue name")
 
     async def main() -> int:
         async with connected(url) as backend:
@@ -308,13 +329,8 @@ def limits_set(
 ) -> None:
     """Add or replace the rule for PATTERN, such as '*.example.com'."""
     url = _limits_url(ctx, app_spec, backend_url)
-    try:
-        rule = LimitRule(
-            pattern=check_pattern(pattern),
-            limit=Limit(concurrency=concurrency, interval=interval),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"limit {pattern!r}: {exc}") from None
+    limit = limit_of(pattern, concurrency, interval)
+    rule = LimitRule(pattern=check_pattern(checks.name(pattern, "limit pattern")), limit=limit)
 
     async def main() -> None:
         async with connected(url) as backend:
@@ -334,7 +350,7 @@ def limits_delete(
 ) -> None:
     """Remove the rule for PATTERN."""
     url = _limits_url(ctx, app_spec, backend_url)
-    pattern = check_pattern(pattern)
+    pattern = check_pattern(checks.name(pattern, "limit pattern"))
 
     async def main() -> bool:
         async with connected(url) as backend:
@@ -362,7 +378,8 @@ def limits_block(
 ) -> None:
     """Start nothing of GROUP (a host) for a while."""
     url = _limits_url(ctx, app_spec, backend_url)
-    seconds = finite(seconds, "--for")
+    group = checks.name(group, "group")
+    seconds = checks.seconds(seconds, "--for")
 
     async def main() -> None:
         async with connected(url) as backend:
@@ -382,6 +399,7 @@ def limits_unblock(
 ) -> None:
     """Lift a block on GROUP."""
     url = _limits_url(ctx, app_spec, backend_url)
+    group = checks.name(group, "group")
 
     async def main() -> None:
         async with connected(url) as backend:
@@ -409,4 +427,4 @@ def check(app_spec: str | None, backend_url: str | None) -> None:
         click.echo(problem)
     if problems:
         raise SystemExit(1)
-    click.echo(f"{url}: consistent")
+    click.echo(f"{redact(url)}: consistent")

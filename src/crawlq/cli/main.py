@@ -6,11 +6,13 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import click
 
 from ..app import App
+from ..checks import seconds
+from ..errors import ConfigError
 from ..identity import parse_json
 from ..observe.logs import configure as configure_logging
 from ..types import JSON, ScheduleResult
@@ -44,11 +46,19 @@ def cli() -> None:
 @click.option(
     "-c",
     "--concurrency",
+    type=click.IntRange(min=1),
     default=DEFAULT_CONCURRENCY,
     show_default=True,
     help="Tasks run at once by each process.",
 )
-@click.option("-p", "--processes", default=1, show_default=True, help="Worker processes.")
+@click.option(
+    "-p",
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes.",
+)
 @click.option("--burst", is_flag=True, help="Exit once nothing is left to run.")
 @click.option(
     "--grace",
@@ -68,8 +78,7 @@ def worker(
 ) -> None:
     """Run the tasks of MODULE:APP until stopped (or until done, with --burst)."""
     setup_logging(log_level)
-    if processes < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--processes")
+    grace = seconds(grace, "--grace")
     if processes > 1 and "CRAWLQ_CHILD" not in os.environ:
         load_app(app_spec)  # fail here, once, rather than in every child
         child_args = [app_spec, "-c", str(concurrency), "--grace", str(grace)]
@@ -98,10 +107,26 @@ def worker(
     run(main)
 
 
-def _read_elements(elements: tuple[str, ...], file: click.File | None, text: bool) -> list[JSON]:
+def _read_lines(file: BinaryIO) -> list[str]:
+    """The non-blank lines of a UTF-8 file (a BOM is skipped), split at line feeds only: JSON
+    may hold U+2028 and other characters that str.splitlines() would split at."""
+    data = file.read()
+    try:
+        content = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"--file {getattr(file, 'name', '-')}: line {line} is not UTF-8"
+            f" (byte {data[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+    lines = (line.removesuffix("\r") for line in content.split("\n"))
+    return [line for line in lines if line.strip()]
+
+
+def _read_elements(elements: tuple[str, ...], file: BinaryIO | None, text: bool) -> list[JSON]:
     raw: list[str] = list(elements)
     if file is not None:
-        raw += [line for line in file.read().splitlines() if line.strip()]  # type: ignore[attr-defined]
+        raw += _read_lines(file)
     if not raw:
         raise click.UsageError("give at least one ELEMENT, or --file")
     if text:
@@ -112,7 +137,9 @@ def _read_elements(elements: tuple[str, ...], file: click.File | None, text: boo
 @cli.command()
 @click.argument("queue")
 @click.argument("elements", nargs=-1, metavar="ELEMENT...")
-@click.option("--file", type=click.File("r"), help="Also read elements from this file, one a line.")
+@click.option(
+    "--file", type=click.File("rb"), help="Also read elements from this UTF-8 file, one a line."
+)
 @click.option("--text", is_flag=True, help="Elements are plain strings (URLs), not JSON.")
 @click.option("--delay", default=0.0, show_default=True, help="Seconds until the elements are due.")
 @click.option(
@@ -126,7 +153,7 @@ def _read_elements(elements: tuple[str, ...], file: click.File | None, text: boo
 def schedule(
     queue: str,
     elements: tuple[str, ...],
-    file: click.File | None,
+    file: BinaryIO | None,
     text: bool,
     delay: float,
     priority: int,

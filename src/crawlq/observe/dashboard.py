@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import html
 import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -28,9 +31,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..backends import Backend
-from ..backends.redis.backend import redact
 from ..errors import CrawlqError, UnknownQueue
 from ..types import GroupStats
+from .logs import redact
 from .metrics import exposition, throttle_reason
 from .observer import Observer, rates
 from .security import MAX_FORM_BYTES, Guard, GuardMiddleware
@@ -43,6 +46,8 @@ LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 REFRESH_MS = 1500
 #: Pages without a part that updates itself.
 STATIC_PAGES = ("confirm.html", "element.html")
+#: Keys holding credentials that pages named by reference, the most recent kept.
+SEALED_KEYS = 10_000
 
 
 def _age(seconds: float) -> str:
@@ -72,7 +77,7 @@ def _limit(group: GroupStats) -> str:
 def _why(group: GroupStats, now: float) -> str:
     reason = throttle_reason(group, now)
     if reason == "blocked":
-        return f"blocked: {group.block_reason or 'no reason given'}"
+        return f"blocked: {redact(group.block_reason or 'no reason given')}"
     if reason == "full":
         return "full: every slot in flight"
     if reason == "interval":
@@ -113,8 +118,37 @@ class Dashboard:
             autoescape=select_autoescape(default=True, default_for_string=True),
         )
         self.templates.globals.update(
-            age=_age, clock=_clock, until=_until, limit=_limit, why=_why, refresh=REFRESH_MS
+            age=_age,
+            clock=_clock,
+            until=_until,
+            limit=_limit,
+            why=_why,
+            refresh=REFRESH_MS,
+            key_field=self.key_field,
         )
+        self.templates.filters["redact"] = redact
+        self._sealed: OrderedDict[str, str] = OrderedDict()
+
+    # -- keys that hold credentials ------------------------------------------------------------
+
+    def key_field(self, key: str) -> tuple[str, str]:
+        """How a page names an element in a link or a form: ("key", the key), or, for a key
+        holding credentials (a URL with a password), ("ref", a reference to it) so that the
+        page never carries the secret. The dashboard keeps the SEALED_KEYS latest references."""
+        if redact(key) == key:
+            return "key", key
+        ref = hmac.new(self.guard.secret, key.encode(), hashlib.sha256).hexdigest()[:32]
+        self._sealed[ref] = key
+        self._sealed.move_to_end(ref)
+        while len(self._sealed) > SEALED_KEYS:
+            self._sealed.popitem(last=False)
+        return "ref", ref
+
+    def key_of(self, fields: Mapping[str, str]) -> str | None:
+        """The key a link or form names (see key_field); None for a reference too old."""
+        if fields.get("ref"):
+            return self._sealed.get(fields["ref"])
+        return fields.get("key", "")
 
     def app(self, *, allowed_hosts: list[str] | None = None) -> Starlette:
         middleware = [Middleware(GuardMiddleware, guard=self.guard)]
@@ -248,7 +282,9 @@ class Dashboard:
         action = "requeue" if request.url.path.endswith("requeue") else "purge"
         queue = form.get("queue", "")
         everything = form.get("all") == "1"
-        key = form.get("key", "")
+        key = self.key_of(form)
+        if key is None:
+            return Response("this page is too old: reload it and try again", status_code=400)
         if not queue or not (everything or key):
             return Response("name a queue, and a key or all=1", status_code=400)
         if form.get("confirm") != "yes":
@@ -268,7 +304,7 @@ class Dashboard:
             else:
                 count = await self.backend.purge_dead(queue, keys)
         except CrawlqError as exc:
-            return Response(html.escape(str(exc)), status_code=400)
+            return Response(html.escape(redact(str(exc))), status_code=400)
         done = "re-queued" if action == "requeue" else "purged"
         message = f"{done} {count} dead element{'s' if count != 1 else ''} of {queue}"
         query = urlencode({"queue": queue, "message": message})
@@ -277,9 +313,11 @@ class Dashboard:
     async def element_page(self, request: Request) -> Response:
         queues = await self.observer.queues()
         queue = request.query_params.get("queue", "")
-        key = request.query_params.get("key", "")
+        key = self.key_of(request.query_params)
         found = None
         error = ""
+        if key is None:
+            key, error = "", "this link is too old: look the element up again"
         if queue and key:
             try:
                 found = await self.backend.element(queue, key)
@@ -332,6 +370,7 @@ class Dashboard:
 def _group_json(group: GroupStats) -> dict[str, Any]:
     found = dataclasses.asdict(group)
     found["limit"] = dataclasses.asdict(group.limit)
+    found["block_reason"] = group.block_reason and redact(group.block_reason)
     return found
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
@@ -29,16 +29,53 @@ _scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 )
 
 
+#: user:password@ (or a user alone, often a token) in any URL, however many slashes follow
+#: its scheme: the authority ends at the first / ? #, whitespace or a character no URL holds
+#: raw (quotes: a URL inside JSON), and its userinfo at the last @ before that.
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:(?P<slashes>/*))"
+    r"(?P<info>[^/?#@\s\"'<>\\{}|^`]*(?:@[^/?#@\s\"'<>\\{}|^`]*)*)@"
+)
+#: secrets in query strings and forms: ?password=..., &token=..., and the like.
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;](?:password|passwd|pwd|pass|token|access_token|secret|api_?key|auth)=)"
+    r"[^&#\s\"'<>]+",
+    re.IGNORECASE,
+)
+#: Authorization headers written out: Authorization: Bearer abc, Proxy-Authorization: Basic ...
+_AUTH_HEADER = re.compile(
+    r"(?P<name>authorization[\"']?\s*[:=]\s*[\"']?(?:(?:basic|bearer|digest|token)\s+)?)"
+    r"[^\s\"',]+",
+    re.IGNORECASE,
+)
+MASK = "***"
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    """Masks user and password; without the two slashes of an authority, only a user:password
+    (so ``mailto:bob@example.org`` stays as it is)."""
+    if match.group("slashes") != "//" and ":" not in match.group("info"):
+        return match.group(0)
+    return f"{match.group('scheme')}{MASK}@"
+
+
+def redact(text: str) -> str:
+    """`text` with every credential it carries masked: the user and password of each URL in
+    it (``redis://***@host``; a user alone may be a token), secret query parameters
+    (``?token=***``) and Authorization headers. The one function for backend URLs, proxy
+    URLs, element keys, log lines, error messages and dashboard pages."""
+    if "@" in text:
+        text = _USERINFO.sub(_mask_userinfo, text)
+    if "=" in text:
+        text = _SECRET_PARAM.sub(lambda m: m.group("name") + MASK, text)
+    if "uthorization" in text or "UTHORIZATION" in text:
+        text = _AUTH_HEADER.sub(lambda m: m.group("name") + MASK, text)
+    return text
+
+
 def safe_key(key: str) -> str:
-    """An element key fit for a log: a URL's user and password are dropped, length capped."""
-    if "@" in key and "://" in key:
-        try:
-            parts = urlsplit(key.strip('"'))
-        except ValueError:
-            parts = None
-        if parts is not None and parts.hostname and "@" in parts.netloc:
-            host = parts.netloc.rpartition("@")[2]
-            key = key.replace(parts.geturl(), urlunsplit(parts._replace(netloc=f"***@{host}")))
+    """An element key fit for a log: its credentials masked (:func:`redact`), length capped."""
+    key = redact(key)
     return key if len(key) <= KEY_LIMIT else key[: KEY_LIMIT - 1] + "…"
 
 
@@ -75,11 +112,13 @@ class TaskFieldsFilter(logging.Filter):
 
 
 class TextFormatter(logging.Formatter):
+    """One line a record (and its traceback): credentials masked, the task fields appended."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = redact(super().format(record))
         named = [f"{n}={getattr(record, n)}" for n in TASK_FIELDS if hasattr(record, n)]
         if not named:
             return line
@@ -88,7 +127,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, the task fields, any traceback."""
+    """One JSON object a line: time, level, logger, message, the task fields, any traceback;
+    credentials masked."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -96,13 +136,13 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": redact(record.getMessage()),
         }
         for name in TASK_FIELDS:
             if hasattr(record, name):
                 entry[name] = getattr(record, name)
         if record.exc_info:
-            entry["traceback"] = self.formatException(record.exc_info)
+            entry["traceback"] = redact(self.formatException(record.exc_info))
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 

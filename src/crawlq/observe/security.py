@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import re
 import secrets
 from http.cookies import SimpleCookie
 from typing import Any
@@ -23,6 +24,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import ConfigError
 
 TOKEN_COOKIE = "crawlq_token"
 SESSION_COOKIE = "crawlq_session"
@@ -55,11 +58,29 @@ def cookie_header(name: str, value: str, *, max_age: int | None = None) -> str:
     return "; ".join(parts)
 
 
+#: What a token may hold: the characters a cookie value may (RFC 6265), so it passes the
+#: cookie, the Authorization header and the login form unchanged.
+_TOKEN = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]+")
+MIN_TOKEN = 16
+
+
+def check_token(token: str) -> str:
+    """A dashboard token: at least MIN_TOKEN characters, ASCII without spaces, quotes, commas,
+    semicolons or backslashes; ConfigError otherwise (the message never shows the token)."""
+    if len(token) < MIN_TOKEN or not _TOKEN.fullmatch(token):
+        raise ConfigError(
+            f"the dashboard token must be at least {MIN_TOKEN} ASCII characters without spaces,"
+            ' quotes, commas, semicolons or backslashes (make one: python -c "import secrets;'
+            ' print(secrets.token_urlsafe(24))")'
+        )
+    return token
+
+
 class Guard:
     """Checks the token and keeps a session for CSRF; one instance per dashboard."""
 
     def __init__(self, token: str | None) -> None:
-        self.token = token or None
+        self.token = check_token(token) if token is not None else None
         self.secret = secrets.token_bytes(32)
 
     def csrf_for(self, session: str) -> str:

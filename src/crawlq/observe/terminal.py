@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..backends import Backend
-from ..backends.redis.backend import redact
 from ..types import GroupStats, QueueStats, WorkerInfo
+from .logs import redact
 from .metrics import throttle_reason
 
 
