@@ -182,7 +182,7 @@ def dead_list(
     backend_url: str | None,
     app_spec: str | None,
 ) -> None:
-    """Dead elements of QUEUE, newest first."""
+    """Dead elements of QUEUE, newest first (credentials in URLs masked; --json: exact)."""
     _, url = resolve_url(app_spec, backend_url)
     queue = checks.name(queue, "queue name")
 
@@ -198,7 +198,7 @@ def dead_list(
         click.echo(f"no dead elements in {queue}")
     for d in letters:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.died_at))
-        click.echo(f"{when}  attempts={d.attempts}  {d.payload}\n    {d.error}")
+        click.echo(f"{when}  attempts={d.attempts}  {redact(d.payload)}\n    {redact(d.error)}")
 
 
 def _canonical_key(key: str) -> str:
