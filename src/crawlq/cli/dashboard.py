@@ -62,7 +62,8 @@ def _bind(host: str, port: int) -> socket.socket:
     envvar="CRAWLQ_DASHBOARD_TOKEN",
     show_envvar=True,
     default=None,
-    help="Require this token on every page, action and /metrics (prefer the env variable).",
+    help="Require this token (16+ characters) on every page, action and /metrics (prefer the"
+    " env variable).",
 )
 @click.option(
     "--cache",
