@@ -190,4 +190,4 @@ async def test_a_whole_crawl_of_hostile_pages_records_every_page_and_the_worker_
     # A reason phrase and headers in Latin-1 once failed the WARC batch they were written in
     # (and with it every page of the batch): now stored, %-escaped, WARC headers being ASCII.
     assert odd.header("X-Latin") == "caf%E9 %FF%FE"
-    assert odd.header("Set-Cookie") == "weird=%80%81; Path=/"
+    assert odd.header("Set-Cookie") == "weird=[redacted]; Path=/"  # a credential, maybe

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from ..errors import CrawlqError
+from .redact import redact_text
 
 if TYPE_CHECKING:
     from .response import Response
@@ -60,7 +61,9 @@ HOST_TROUBLE = frozenset({Reason.TIMEOUT, Reason.SERVER_ERROR, Reason.REFUSED, R
 
 
 class FetchError(CrawlqError):
-    """`url` could not be fetched for `reason`; `responses` holds the hops received first."""
+    """`url` could not be fetched for `reason`; `responses` holds the hops received first.
+    The message and `detail` never show a URL's credentials (they end up in logs, page
+    records and dead letters); `url` is the URL as given."""
 
     def __init__(
         self,
@@ -70,7 +73,8 @@ class FetchError(CrawlqError):
         *,
         responses: Sequence[Response] = (),
     ) -> None:
-        super().__init__(f"{reason.value}: {url}{f': {detail}' if detail else ''}")
+        detail = redact_text(detail)
+        super().__init__(f"{reason.value}: {redact_text(url)}{f': {detail}' if detail else ''}")
         self.reason = reason
         self.url = url
         self.detail = detail

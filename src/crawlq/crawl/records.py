@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .redact import redact_url
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PageRecord:
@@ -30,8 +32,13 @@ class PageRecord:
     warc: str | None = None  # file:offset of the last response's record
 
     def to_json(self) -> str:
+        """One line; URLs without their credentials (`detail` comes from a FetchError, which
+        has none)."""
         # Every field is a plain value: no need for asdict's deep copy.
         fields = {name: getattr(self, name) for name in _FIELDS}
+        fields["url"] = redact_url(self.url)
+        if self.final_url is not None:
+            fields["final_url"] = redact_url(self.final_url)
         return _ENCODER.encode(fields)
 
 

@@ -1,6 +1,8 @@
 """Where raw responses go: a content store. `WarcStore` writes WARC files and indexes each
 record (URL, time, file, offset) in a SQLite file beside them, so later stages read a
 response back without fetching it again. Object storage would be another ContentStore.
+
+URLs are stored and looked up without their credentials (`http://***@host/`, redact.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Protocol
 
+from .redact import redact_url
 from .response import Response
 from .warc import DEFAULT_FILE_BYTES, RecordRef, RotatingWarcWriter, StoredResponse, read_record
 
@@ -124,7 +127,7 @@ class WarcStore:
             connection.executemany(
                 _INSERT,
                 [
-                    (r.url, r.fetched_at, r.status, ref.file, ref.offset, ref.length)
+                    (redact_url(r.url), r.fetched_at, r.status, ref.file, ref.offset, ref.length)
                     for r, ref in zip(responses, refs, strict=True)
                     if isinstance(ref, RecordRef)
                 ],
@@ -140,7 +143,7 @@ class WarcStore:
         return await loop.run_in_executor(self._thread, self._get, url)
 
     def _get(self, url: str) -> StoredResponse | None:
-        row = self._connection().execute(_LATEST, (url,)).fetchone()
+        row = self._connection().execute(_LATEST, (redact_url(url),)).fetchone()
         if row is None:
             return None
         return read_record(self.directory, RecordRef(file=row[0], offset=row[1], length=row[2]))
@@ -149,7 +152,8 @@ class WarcStore:
         """Every stored record of `url`, oldest first (blocking: for tools and tests)."""
         with closing(open_index(self.directory / INDEX_FILE)) as connection:
             rows = connection.execute(
-                "SELECT file, offset, length FROM responses WHERE url = ? ORDER BY id", (url,)
+                "SELECT file, offset, length FROM responses WHERE url = ? ORDER BY id",
+                (redact_url(url),),
             ).fetchall()
         return [RecordRef(file=f, offset=o, length=n) for f, o, n in rows]
 

@@ -5,7 +5,8 @@ the status line, the headers and the body exactly as received (compressed if the
 compressed it). `Transfer-Encoding` is dropped: the body is stored de-chunked. Bytes outside
 ASCII in the status line and the headers are stored %-escaped (%E9), as WARC headers are
 ASCII. Each record is built in memory first, so one that cannot be written leaves nothing
-behind in the file and fails alone.
+behind in the file and fails alone. Credentials are left out (redact.py): the userinfo of
+WARC-Target-URI, and the values of Set-Cookie, Cookie and Authorization headers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from .decoding import decode_content, decode_text
+from .redact import redact_header, redact_url
 from .response import _CHARSET, Response
 
 DEFAULT_FILE_BYTES = 1 << 30
@@ -113,11 +115,15 @@ class RotatingWarcWriter:
         """Appends one record; `flush=False` leaves it in the file's buffer (call `flush()`
         after a batch)."""
         file, writer = self._open()
-        headers = [(_ascii(k), _ascii(v)) for k, v in response.headers if k.lower() not in _DROPPED]
+        headers = [
+            (_ascii(k), _ascii(redact_header(k, v)))
+            for k, v in response.headers
+            if k.lower() not in _DROPPED
+        ]
         status_line = _ascii(f"{response.status} {response.reason}".strip())
         http_headers = StatusAndHeaders(status_line, headers, protocol=response.http_version)
         record = writer.create_warc_record(
-            response.url,
+            redact_url(response.url),
             "response",
             payload=io.BytesIO(response.raw),
             length=len(response.raw),

@@ -279,7 +279,8 @@ class HostileServer:
         kind = path.strip("/").split("/", 1)[0] or "index"
         handler = _HANDLERS.get(kind, _not_found)
         self.hits[kind if kind in _HANDLERS else "other"] += 1
-        return await handler(self, reader, writer, path)
+        keep = await handler(self, reader, writer, path)
+        return keep and b"\r\nconnection: close" not in head.lower()
 
     async def _drip(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
         """Sends `data` one byte every `drip` seconds, then holds the connection forever."""

@@ -1,0 +1,56 @@
+"""Credentials kept out of what the crawler writes: page records, WARC files and their index,
+error messages (and so the logs and dead letters that quote them).
+
+- URLs: the userinfo (`user:password@`, or a user alone, often a token) becomes `***@`
+  (still a valid URL), in a URL and in any text that quotes one;
+- headers in WARC records: the values of Authorization, Proxy-Authorization and Cookie, and
+  of Set-Cookie (the session a login opens is as good as the password while it lasts, and a
+  WARC is kept and shared long after: the cookie's name and attributes stay, its value goes).
+
+The crawler sends no request record to the WARC files, so the requests' own headers (the
+cookies and credentials it sends) are written nowhere. In memory, responses and the queue
+keep the URLs as given: the fetcher needs their credentials to send them.
+"""
+
+from __future__ import annotations
+
+import re
+
+MASK = "***"
+REDACTED = "[redacted]"
+#: Headers whose values are credentials.
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+
+#: The userinfo of an http(s) URL: after "//", up to the last "@" before the host ends.
+_USERINFO = re.compile(r"(?P<scheme>\bhttps?://)[^/?#@\s\"'<>]*@", re.IGNORECASE)
+#: A cookie's value in Cookie (a=1; b=2) and Set-Cookie (a=1; Path=/: only the first).
+_COOKIE_VALUE = re.compile(r"(?P<name>(?:^|;)\s*[^=;\s]+=)[^;]*")
+
+
+def redact_url(url: str) -> str:
+    """`url` without its userinfo's secrets (`http://***@host/`)."""
+    if "@" not in url:
+        return url
+    return _USERINFO.sub(rf"\g<scheme>{MASK}@", url, count=1)
+
+
+def redact_text(text: str) -> str:
+    """Every http(s) URL's userinfo in `text` masked (error messages quote URLs)."""
+    if "@" not in text:
+        return text
+    return _USERINFO.sub(rf"\g<scheme>{MASK}@", text)
+
+
+def redact_header(name: str, value: str) -> str:
+    """A header's value as a WARC record may keep it."""
+    lowered = name.lower()
+    if lowered == "set-cookie":
+        return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value, count=1)
+    if lowered == "cookie":
+        return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value)
+    if lowered in SECRET_HEADERS:  # Authorization: keep the scheme (Basic, Bearer...)
+        scheme, _, credentials = value.strip().partition(" ")
+        return f"{scheme} {REDACTED}" if credentials else REDACTED
+    if lowered in ("location", "content-location", "refresh", "link"):
+        return redact_text(value)
+    return value

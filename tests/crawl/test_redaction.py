@@ -1,0 +1,166 @@
+"""Credentials the crawler uses (a login's password and session cookie, user:password in
+URLs, a proxy's credentials) are sent where they belong and written nowhere: not in the WARC
+files or their index, not in pages.jsonl, not in the logs."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import logging
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
+from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.fetcher import Fetcher, Login, Session
+from crawlq.crawl.records import read_records
+from crawlq.crawl.redact import redact_header, redact_text, redact_url
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.store import WarcStore
+from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb
+from crawlq.crawl.testing.sites import page_html
+
+from .conftest import crawl_settings, fetch_settings
+
+PASSWORD = "hunter2-form-secret"
+TOKEN = "tok-7f3a9c-session-secret"
+URL_PASSWORD = "url-secret-42"
+BASIC = base64.b64encode(f"ann:{URL_PASSWORD}".encode()).decode()
+PROXY_PASSWORD = "proxy-secret-99"
+SECRETS = (PASSWORD, TOKEN, URL_PASSWORD, BASIC, PROXY_PASSWORD)
+
+
+def members_routes(site: Site, pages: int) -> None:
+    """POST /login opens a session; /members/N need it, refresh it (a sliding session sends
+    Set-Cookie on every page) and link on; /members/3 fails with 500 every time."""
+
+    async def login(request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        if form.get("password") != PASSWORD:
+            return web.Response(status=403, text="wrong password")
+        answer = web.Response(status=302, headers={"Location": "/members/0"})
+        answer.set_cookie("session", TOKEN, httponly=True)
+        return answer
+
+    async def members(request: web.Request) -> web.StreamResponse:
+        if request.cookies.get("session") != TOKEN:
+            raise web.HTTPFound("/login")
+        number = int(request.path.rsplit("/", 1)[1])
+        if number == 3:
+            return web.Response(status=500, text="down")
+        links = [f"/members/{n}" for n in (number + 1, number + 2) if n < pages]
+        answer = web.Response(text=page_html(f"member {number}", links), content_type="text/html")
+        answer.set_cookie("session", TOKEN, httponly=True, path="/")
+        return answer
+
+    site.routes["/login"] = login
+    for n in range(pages):
+        site.routes[f"/members/{n}"] = members
+
+
+def basic_routes(site: Site, pages: int) -> None:
+    """/page/N want the Basic credentials of the seed's URL."""
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Basic {BASIC}":
+            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="x"'})
+        number = int(request.path.rsplit("/", 1)[1])
+        if number == 2:
+            return web.Response(status=500, text="down")
+        links = [f"/page/{n}" for n in (number + 1, number + 2) if n < pages]
+        return web.Response(text=page_html(f"page {number}", links), content_type="text/html")
+
+    for n in range(pages):
+        site.routes[f"/page/{n}"] = page
+
+
+def everything_written(out: Path) -> bytes:
+    """Every byte the crawl wrote outside its queue, WARC records decompressed."""
+    written = b""
+    for path in sorted(out.rglob("*")):
+        if not path.is_file() or path.name.startswith("queue.db"):
+            continue
+        data = path.read_bytes()
+        written += gzip.decompress(data) if path.name.endswith(".warc.gz") else data
+    return written
+
+
+async def test_a_crawl_with_a_login_and_url_credentials_writes_no_credential(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sites = [Site(name="members.test"), Site(name="basic.test")]
+    async with SyntheticWeb(sites) as net:
+        members_routes(net.sites["members.test"], pages=5)
+        basic_routes(net.sites["basic.test"], pages=4)
+
+        async def sign_in(session: Session) -> None:
+            await session.post(
+                net.url("members.test", "/login"), data={"user": "ann", "password": PASSWORD}
+            )
+
+        seeds = [
+            net.url("members.test", "/members/0"),
+            net.url("basic.test", "/page/0").replace("http://", f"http://ann:{URL_PASSWORD}@"),
+        ]
+        crawl = Crawl(
+            crawl_settings(net, tmp_path, scope=Scope(domains=tuple(net.sites))),
+            logins={"members.test": Login(perform=sign_in)},
+        )
+        await crawl.run(seeds, concurrency=4)
+    # The credentials were used...
+    member_hits = [h for h in net.hits_for("members.test") if h.path.startswith("/members/")]
+    assert {h.cookies.get("session") for h in member_hits} == {TOKEN}
+    basic_hits = [h for h in net.hits_for("basic.test") if h.path.startswith("/page/")]
+    assert {h.headers.get("Authorization") for h in basic_hits} == {f"Basic {BASIC}"}
+    records = {str(r["url"]): r for r in read_records(tmp_path / PAGES_FILE)}
+    assert records[net.url("members.test", "/members/4")]["status"] == 200
+    masked = net.url("basic.test", "/page/3").replace("http://", "http://***@")
+    assert records[masked]["status"] == 200
+    assert records[masked.replace("/page/3", "/page/2")]["error"] == Reason.SERVER_ERROR.value
+    # ... and written nowhere: WARC files, their index, pages.jsonl, logs.
+    written = everything_written(tmp_path)
+    assert b"[redacted]" in written and b"Set-Cookie: session=[redacted]; HttpOnly" in written
+    logged = "\n".join(caplog.messages)
+    assert "server_error" in logged  # the failures were logged
+    for secret in SECRETS:
+        assert secret.encode() not in written, secret
+        assert secret not in logged, secret
+    store = WarcStore(tmp_path / WARC_DIR)
+    stored = await store.get(seeds[1].replace("/page/0", "/page/1"))  # found by its real URL
+    await store.aclose()
+    assert stored is not None and stored.url == masked.replace("/page/3", "/page/1")
+
+
+async def test_a_proxys_credentials_and_a_urls_stay_out_of_error_messages(
+    tmp_path: Path,
+) -> None:
+    async with SyntheticWeb([Site(name="a.test")]) as net, ForwardProxy(net.resolve) as proxy:
+        proxy_url = proxy.url.replace("http://", f"http://px:{PROXY_PASSWORD}@")
+        gone = f"http://ann:{URL_PASSWORD}@a.test:1/page/0"  # nothing listens on port 1
+        async with Fetcher(fetch_settings(net, proxies=(proxy_url,))) as fetcher:
+            with pytest.raises(FetchError) as caught:
+                await fetcher.fetch(gone)
+    message = f"{caught.value} {caught.value.detail}"
+    assert "***@a.test:1" in message
+    assert URL_PASSWORD not in message and PROXY_PASSWORD not in message
+
+
+def test_redaction_of_urls_texts_and_headers() -> None:
+    assert redact_url("http://ann:pw@a.test:8080/x?y=1") == "http://***@a.test:8080/x?y=1"
+    assert redact_url("https://token@a.test/") == "https://***@a.test/"
+    assert redact_url("http://a.test/path@home") == "http://a.test/path@home"
+    assert redact_text("see http://u:p@a.test/ and https://v:q@b.test/x") == (
+        "see http://***@a.test/ and https://***@b.test/x"
+    )
+    assert redact_text("mail bob@example.org") == "mail bob@example.org"
+    assert redact_header("Set-Cookie", "sid=abc; Path=/; HttpOnly") == (
+        "sid=[redacted]; Path=/; HttpOnly"
+    )
+    assert redact_header("Cookie", "a=1; b=2") == "a=[redacted]; b=[redacted]"
+    assert redact_header("Authorization", "Bearer abc.def") == "Bearer [redacted]"
+    assert redact_header("Proxy-Authorization", "opaque") == "[redacted]"
+    assert redact_header("Location", "http://u:p@a.test/") == "http://***@a.test/"
+    assert redact_header("Content-Type", "text/html") == "text/html"
