@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 from crawlq.crawl.crawler import PAGES_FILE, Crawl
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher, Login, Session
+from crawlq.crawl.guard import AddressGuard, BlockedAddress, GuardedResolver
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, redirect
@@ -244,3 +246,39 @@ async def test_the_allowed_site_is_reachable_by_its_literal_address(
         response = await fetcher.fetch(f"http://{address}:{net.ports['open.test']}/page/1")
     assert response.body == f"no site {address}".encode()  # answered by open.test's server
     assert [h.path for h in net.hits if h.host == address] == ["/robots.txt", "/page/1"]
+
+
+class Rebinding(AbstractResolver):
+    """Answers each name with the next list of `answers`: a DNS record that changes."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        self.answers = list(answers)
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        addresses = self.answers.pop(0)
+        return [
+            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0)
+            for a in addresses
+        ]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_every_resolution_is_checked_so_a_rebound_name_is_refused() -> None:
+    """The guard checks each answer the connector gets (nothing is connected to here): a
+    name that was public and rebinds to loopback is refused; of mixed answers only the
+    public ones are kept; a proxy's own name is never refused."""
+    inner = Rebinding(["8.8.8.8"], ["127.0.0.1"], ["8.8.4.4", "10.0.0.7"], ["127.0.0.1"])
+    resolver = GuardedResolver(inner, AddressGuard(), exempt=["proxy.internal"])
+    first = await resolver.resolve("rebind.test", 80)
+    with pytest.raises(BlockedAddress) as caught:
+        await resolver.resolve("rebind.test", 80)
+    mixed = await resolver.resolve("rebind.test", 80)
+    proxy = await resolver.resolve("proxy.internal", 3128)
+    assert [r["host"] for r in first] == ["8.8.8.8"]
+    assert "rebind.test resolves to 127.0.0.1, a loopback address" in str(caught.value)
+    assert [r["host"] for r in mixed] == ["8.8.4.4"]
+    assert [r["host"] for r in proxy] == ["127.0.0.1"]
