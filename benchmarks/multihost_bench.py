@@ -90,6 +90,7 @@ class Outcome:
     redelivered: int = 0  # of those, fetched by another host after the cut
     during_cut: int = 0  # requests from the victim while cut off (none can arrive)
     stale: int = 0  # requests from the victim, once back, for a page it had lost
+    stale_overlaps: int = 0  # concurrency violations a stale request takes part in
     after_restore: int = 0  # requests from the victim once back, in all
     by_host: dict[str, int] = field(default_factory=dict)  # pages answered, by host address
     exit_codes: list[int | None] = field(default_factory=list)
@@ -100,7 +101,7 @@ class Outcome:
     wall: float = 0.0
     cut_at: float = 0.0  # seconds from the start
     restored_at: float = 0.0
-    cut_time: float = 0.0  # the same two as epoch seconds, the server's clock
+    cut_time: float = 0.0  # the same two in epoch seconds, as the server stamps requests
     back_time: float = 0.0
     logs: dict[str, str] = field(default_factory=dict)  # each host's output, the tail
 
@@ -420,7 +421,14 @@ def _judge(outcome: Outcome, hits: list[Hit], victim: str) -> None:
     mine = [h for h in hits if h.peer == victim]
     outcome.during_cut = sum(1 for h in mine if cut < h.at < back)
     outcome.after_restore = sum(1 for h in mine if h.at >= back)
-    outcome.stale = sum(1 for h in mine if h.at >= back and (h.host, h.path) in lost)
+    stale = [h for h in mine if h.at >= back and (h.host, h.path) in lost]
+    outcome.stale = len(stale)
+    outcome.stale_overlaps = sum(
+        1
+        for v in outcome.verdict.violations
+        if v.kind == "concurrency"
+        and any(h.host == v.host and h.at <= v.at < (h.ended or h.at) for h in stale)
+    )
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -438,7 +446,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
         assert v is not None
         ok = o.check_code == 0 and not o.problems
         gap = "-" if v.min_gap is None else f"{v.min_gap * 1000:.1f}"
-        back = "-" if o.scenario.kill else f"{o.after_restore} ({o.stale})"
+        back = f"{o.after_restore} ({o.stale})"
         rows.append(
             f"| {o.scenario.hosts} | {'killed' if o.scenario.kill else 'restored'}"
             f" | {v.pages}/{v.expected} | {v.duplicates} | {o.violations('concurrency')}"
@@ -465,6 +473,7 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "during_cut": outcome.during_cut,
         "after_restore": outcome.after_restore,
         "stale": outcome.stale,
+        "stale_overlaps": outcome.stale_overlaps,
         "lapsed": outcome.lapsed,
         "by_host": outcome.by_host,
         "exit_codes": outcome.exit_codes,
