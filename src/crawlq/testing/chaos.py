@@ -22,12 +22,14 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..crawl.testing.sites import Hit, Site, SyntheticWeb
+from ..errors import CrawlqError
+from .faults import with_backend
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -190,22 +192,28 @@ class Fleet:
     running: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     ended: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _numbers: itertools.count[int] = field(default_factory=itertools.count)
+    _paths: dict[int, Path] = field(default_factory=dict)
+    _tails: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
         number = next(self._numbers)
-        with (self.logs / f"worker-{number}.log").open("wb") as log:
+        path = self.logs / f"worker-{number}.log"
+        with path.open("wb") as log:
             proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=self.env, start_new_session=True,
             )  # fmt: skip
         self.running[proc.pid] = proc
+        self._paths[proc.pid] = path
         return proc.pid
 
     def reap(self) -> None:
         for pid, proc in list(self.running.items()):
             if proc.poll() is not None:
                 self.ended.append(self.running.pop(pid))
+                if proc.returncode:
+                    self._tails[pid] = self._paths[pid].read_text(errors="replace")[-800:]
 
     def signal(self, pid: int, sig: signal.Signals) -> None:
         self.running[pid].send_signal(sig)
@@ -224,12 +232,12 @@ class Fleet:
         self.running.clear()
 
     def failures(self) -> list[str]:
-        """Processes that ended on their own with an error: their log's tail."""
-        bad = []
-        for proc in self.ended:
-            if proc.returncode not in (0, -signal.SIGKILL):
-                bad.append(f"pid {proc.pid} exited with {proc.returncode}")
-        return bad
+        """Processes that ended on their own with an error, with their log's tail."""
+        return [
+            f"pid {proc.pid} exited with {proc.returncode}: {self._tails.get(proc.pid, '')}"
+            for proc in self.ended
+            if proc.returncode not in (0, -signal.SIGKILL)
+        ]
 
 
 def crawl_command(
@@ -289,14 +297,21 @@ class ChaosResult:
 
 
 def run_worker_chaos(
-    web: SyntheticWebThread, plan: ChaosPlan, backend: str, workdir: Path
+    web: SyntheticWebThread,
+    plan: ChaosPlan,
+    backend: str,
+    workdir: Path,
+    *,
+    faults: Sequence[tuple[int, Callable[[], object]]] = (),
 ) -> ChaosResult:
     """Crawls the whole web with `plan.workers` processes at once, killing one (and starting
     a replacement) or stopping one for `plan.stop_for` seconds each time the server has seen
     another share of the pages (`plan.events`), then judges the crawl from the server's log
-    and the backend's state."""
+    and the backend's state. `faults` are more things to do once the server has seen so
+    many pages (crash the backend...)."""
     expected = web.expected_pages()
     pending = plan.events(len(expected))
+    other_faults = sorted(faults, key=lambda fault: fault[0])
     rng = random.Random(plan.seed)
     command = crawl_command(
         web,
@@ -338,6 +353,8 @@ def run_worker_chaos(
                         fleet.start()
                         started += 1
                     held += held_by(backend, pid)  # it changes nothing until continued
+            if other_faults and web.pages_seen() >= other_faults[0][0]:
+                other_faults.pop(0)[1]()
             fleet.reap()
             time.sleep(POLL)
     finally:
@@ -360,20 +377,6 @@ def run_worker_chaos(
     )
 
 
-def _with_backend(url: str, read: Callable[[Backend], Awaitable[T]]) -> T:
-    async def run() -> T:
-        from ..backends import open_backend
-
-        backend = open_backend(url, create=False)
-        await backend.open()
-        try:
-            return await read(backend)
-        finally:
-            await backend.close()
-
-    return asyncio.run(run())
-
-
 def held_by(url: str, pid: int) -> int:
     """How many elements the worker process `pid` holds leases on."""
 
@@ -384,7 +387,7 @@ def held_by(url: str, pid: int) -> int:
                 held += len(await backend.worker_elements(worker.id, limit=1_000_000))
         return held
 
-    return _with_backend(url, read)
+    return with_backend(url, read)
 
 
 def backend_problems(url: str) -> list[str]:
@@ -406,4 +409,7 @@ def backend_problems(url: str) -> list[str]:
                 )
         return problems
 
-    return _with_backend(url, read)
+    try:
+        return with_backend(url, read)
+    except CrawlqError as exc:
+        return [f"cannot read the backend: {exc}"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -53,6 +53,9 @@ SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
 SCHEMA_VERSION = "1"
+#: How long a call waits for a restarting Redis before its error surfaces.
+RECONNECT_PATIENCE = 15.0
+MAX_RECONNECT_PAUSE = 2.0
 
 
 def redact(url: str) -> str:
@@ -128,12 +131,20 @@ class RedisBackend:
     async def open(self) -> None:
         if self._client is not None:
             return
+        # redis-py types these as its own errors only; it catches whatever it is given.
+        retried: Any = (ConnectionError, TimeoutError, OSError)
         options: dict[str, Any] = {
             "socket_connect_timeout": 5.0,
             "socket_keepalive": True,
             "health_check_interval": 30,
-            # A restarting server is waited for (about 10 s), then the error surfaces.
-            "retry": Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=12),
+            # A restarting server is waited for (about 15 s), then the error surfaces. OSError
+            # too: a refused connection (the server not listening yet) is not redis-py's
+            # ConnectionError, and without it a call needing a new connection failed at once.
+            "retry": Retry(
+                ExponentialBackoff(cap=2.0, base=0.05),
+                retries=12,
+                supported_errors=retried,
+            ),
             "retry_on_error": [ConnectionError, TimeoutError],
         }
         try:
@@ -185,11 +196,27 @@ class RedisBackend:
     def _clock_arg(self) -> str:
         return repr(self._clock()) if self._clock is not None else ""
 
+    async def _patiently(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """redis-py sends a command again when its connection breaks, but not when a new
+        connection breaks in its handshake (a server going down or just coming up): such
+        calls are tried again here, for up to RECONNECT_PATIENCE seconds in all. Running a
+        script twice is safe: each is idempotent or fenced by the lease."""
+        started = time.monotonic()
+        pause = 0.05
+        while True:
+            try:
+                return await call()
+            except (ConnectionError, TimeoutError):
+                if time.monotonic() + pause > started + RECONNECT_PATIENCE:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(MAX_RECONNECT_PAUSE, pause * 2)
+
     async def _run(self, script: str, payload: Any, *extra: str) -> Any:
+        args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(payload), *extra]
         try:
-            return await self._scripts[script](
-                keys=[self._anchor], args=[self.prefix, self._clock_arg(), _packed(payload), *extra]
-            )
+            run = self._scripts[script]
+            return await self._patiently(lambda: run(keys=[self._anchor], args=args))
         except KeyError:
             raise BackendError(f"backend {self.url} is not open") from None
         except (ConnectionError, TimeoutError) as exc:
@@ -200,7 +227,7 @@ class RedisBackend:
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Plain commands, with the same error translation as scripts."""
         try:
-            return await fn()
+            return await self._patiently(fn)
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:

@@ -7,6 +7,8 @@ two claims never interleave.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sqlite3
 import threading
@@ -29,6 +31,9 @@ WAL_AUTOCHECKPOINT_PAGES = 4 * WAL_RESTART_PAGES
 #: Least seconds between two background checkpoints, so that a busy writer's stream of commits
 #: is copied and synced in batches rather than once per commit.
 CHECKPOINT_GAP = 0.05
+#: A disk with less free space than this, when SQLite reports an I/O error, is full: a log or
+#: shared-memory file that cannot grow shows as an I/O error rather than SQLITE_FULL.
+LOW_SPACE = 1 << 20
 
 
 def _load_queries() -> dict[str, str]:
@@ -55,9 +60,27 @@ MIGRATIONS = _migrations()
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
+def _disk_full(exc: sqlite3.Error, path: str) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_FULL":
+        return True
+    if not name.startswith("SQLITE_IOERR"):
+        return False
+    try:
+        disk = os.statvfs(Path(path).parent)
+    except OSError:
+        return False
+    return disk.f_bavail * disk.f_frsize < LOW_SPACE
+
+
 def translate(exc: sqlite3.Error, path: str) -> BackendError:
     """A driver error as the crawlq error a person can act on."""
     message = str(exc)
+    if _disk_full(exc, path):
+        return BackendError(
+            f"disk full: SQLite database {path} cannot grow ({message}); nothing was"
+            " changed by this call, free some space and try again"
+        )
     if isinstance(exc, sqlite3.DatabaseError) and (
         "malformed" in message or "not a database" in message or "disk image" in message
     ):
@@ -79,6 +102,9 @@ class Store:
             self.db = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
             )
+        except sqlite3.Error as exc:
+            raise translate(exc, path) from exc
+        try:
             self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._refuse_foreign()  # before anything writes: another program's file stays as is
             self.db.execute("PRAGMA journal_mode = WAL")
@@ -92,7 +118,11 @@ class Store:
             self.db.executescript(QUERIES["create_temp_tables"])
             self._checkpointer = Checkpointer(path)
         except sqlite3.Error as exc:
+            self.db.close()
             raise translate(exc, path) from exc
+        except BaseException:
+            self.db.close()
+            raise
 
     def _check_file(self, create: bool) -> None:
         file = Path(self.path)
@@ -136,7 +166,7 @@ class Store:
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
 
     @contextmanager
@@ -145,12 +175,20 @@ class Store:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            self._rollback()
             raise
-        self.db.execute("COMMIT")
         if self._checkpointer.wanted():
             self._restart_log()
+
+    def _rollback(self) -> None:
+        """Undoes the open transaction, if SQLite has not already (it rolls back by itself
+        after some errors, a full disk among them), keeping the error that caused it."""
+        if self.db.in_transaction:
+            # Should this fail too, the caller's error says more; SQLite undoes it on reopening.
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
 
     def _restart_log(self) -> None:
         """The log is long and the checkpointer has copied nearly all of it: copies the rest

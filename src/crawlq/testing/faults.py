@@ -1,0 +1,356 @@
+"""Backend faults: a writer process killed mid-transaction, or the backend crashing under it,
+and a check that the store kept every change the writer was told was made.
+
+The writer (`write_forever`, a child process) schedules, claims, acks and fails elements of
+one queue in a loop. Around every call it appends to a journal: the call and its keys before
+(`+schedule [...]`), `ok` once the call returned. So after a crash, every key of a completed
+schedule must still be queued, unless a completed ack finished it; the one call a kill cut
+short may have happened or not.
+
+    with WriterPool() as pool:                       # forks writers cheaply
+        process = pool.start(url, journal, seed)
+        ...; process.kill()
+        report = verify_journals(url, [journal])     # what was lost
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import multiprocessing
+import multiprocessing.context
+import os
+import random
+import signal
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from ..backends import Backend, open_backend
+from ..errors import BackendError
+from ..tasks import prepare
+from ..types import Claimed, Failure, QueueConfig
+from .redis_server import RedisServer
+
+T = TypeVar("T")
+
+QUEUE = QueueConfig(name="faults")
+#: Short, so that what a killed writer held comes back to the next one quickly.
+LEASE = 0.5
+#: A writer that meets an unreachable backend (Redis restarting) tries again this often.
+RETRY_PAUSE = 0.05
+#: Lookups in flight at once when a journal is checked.
+LOOKUPS_AT_ONCE = 200
+
+
+# -- the writer -----------------------------------------------------------------------------
+
+
+def write_forever(url: str, journal: str, seed: int) -> None:
+    """The writer's entry point: runs until killed."""
+    asyncio.run(_write_forever(url, journal, seed))
+
+
+async def _retrying(call: Callable[[], Awaitable[T]]) -> T:
+    while True:
+        try:
+            return await call()
+        except BackendError:
+            await asyncio.sleep(RETRY_PAUSE)
+
+
+async def _write_forever(url: str, journal: str, seed: int) -> None:
+    rng = random.Random(seed)
+    fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def note(line: str) -> None:
+        os.write(fd, (line + "\n").encode())
+
+    backend = open_backend(url)
+    await _retrying(backend.open)
+    await _retrying(lambda: backend.ensure_queues([QUEUE]))
+    note("ok")  # ready
+    n = 0
+    worker = f"writer-{seed}"
+    while True:
+        items = [
+            prepare(QUEUE, f"http://h{rng.randrange(20)}.test/{seed}/{n + i}", due=backend.now())
+            for i in range(rng.randint(1, 50))
+        ]
+        n += len(items)
+        note("+schedule " + json.dumps([item.key for item in items]))
+        await _retrying(functools.partial(backend.schedule, items))
+        note("ok")
+        limit = rng.randint(1, 40)
+        note("+claim []")
+        claim = functools.partial(backend.claim, [QUEUE.name], worker=worker, lease=LEASE)
+        result = await _retrying(functools.partial(claim, limit=limit))
+        note("ok")
+        claimed = result.elements
+        acked, failed = _split(claimed, rng)
+        note("+ack " + json.dumps([c.key for c in acked]))
+        await _retrying(functools.partial(backend.ack, acked))
+        note("ok")
+        failures = [Failure(element=c, error="again", retry_at=backend.now()) for c in failed]
+        note("+fail []")
+        await _retrying(functools.partial(backend.fail, failures))
+        note("ok")  # the rest stay leased, as a killed worker's would
+
+
+def _split(claimed: list[Claimed], rng: random.Random) -> tuple[list[Claimed], list[Claimed]]:
+    """About half acked, a quarter failed (retried at once), a quarter left running."""
+    acked = [c for c in claimed if rng.random() < 0.5]
+    rest = [c for c in claimed if c not in acked]
+    return acked, rest[: len(rest) // 2]
+
+
+class WriterPool:
+    """Writer processes forked from a server that has crawlq imported already, so that each
+    costs a fork, not an interpreter start."""
+
+    def __init__(self) -> None:
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload([__name__])
+
+    def start(self, url: str, journal: Path, seed: int) -> multiprocessing.process.BaseProcess:
+        process = self._context.Process(
+            target=write_forever, args=(url, str(journal), seed), daemon=True
+        )
+        process.start()
+        return process
+
+
+# -- what survived --------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class JournalReport:
+    scheduled: int = 0  # keys whose schedule returned
+    acked: int = 0  # keys whose ack returned
+    lost_schedules: list[str] = field(default_factory=list)  # returned, yet not in the queue
+    revived: list[str] = field(default_factory=list)  # acked, yet queued again
+    cut_short: str | None = None  # the call the kill interrupted, if any
+
+    def merge(self, other: JournalReport) -> None:
+        self.scheduled += other.scheduled
+        self.acked += other.acked
+        self.lost_schedules += other.lost_schedules
+        self.revived += other.revived
+
+
+@dataclass(kw_only=True)
+class Journal:
+    scheduled: set[str] = field(default_factory=set)
+    acked: set[str] = field(default_factory=set)
+    uncertain: set[str] = field(default_factory=set)  # keys of the call cut short
+    cut_short: str | None = None
+    ready: bool = False
+
+
+def read_journal(path: Path) -> Journal:
+    journal = Journal()
+    pending: tuple[str, list[str]] | None = None
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
+        if line == "ok":
+            journal.ready = True
+            if pending is not None:
+                call, keys = pending
+                if call == "schedule":
+                    journal.scheduled.update(keys)
+                elif call == "ack":
+                    journal.acked.update(keys)
+            pending = None
+        elif line.startswith("+"):
+            call, _, listed = line[1:].partition(" ")
+            try:
+                pending = (call, json.loads(listed))
+            except json.JSONDecodeError:  # the kill tore the line: the call never started
+                pending = None
+    if pending is not None:
+        journal.cut_short = pending[0]
+        journal.uncertain.update(pending[1])
+    return journal
+
+
+def verify_journals(url: str, paths: Sequence[Path], *, acks_only: bool = False) -> JournalReport:
+    """Looks up every key of the writers' journals in the backend (`acks_only`: the acked
+    ones). Writers share the queue, so one may finish what another scheduled: the journals
+    are read together."""
+    journal = Journal()
+    for path in paths:
+        one = read_journal(path)
+        journal.scheduled |= one.scheduled
+        journal.acked |= one.acked
+        journal.uncertain |= one.uncertain
+        journal.cut_short = journal.cut_short or one.cut_short
+
+    async def read(backend: Backend) -> JournalReport:
+        report = JournalReport(
+            scheduled=len(journal.scheduled),
+            acked=len(journal.acked),
+            cut_short=journal.cut_short,
+        )
+        wanted = journal.acked if acks_only else journal.scheduled | journal.acked
+        keys = sorted(wanted - journal.uncertain)
+        for start in range(0, len(keys), LOOKUPS_AT_ONCE):
+            chunk = keys[start : start + LOOKUPS_AT_ONCE]
+            found = await asyncio.gather(*(backend.element(QUEUE.name, key) for key in chunk))
+            for key, info in zip(chunk, found, strict=True):
+                if key in journal.acked and info is not None:
+                    report.revived.append(key)
+                elif key not in journal.acked and info is None:
+                    report.lost_schedules.append(key)
+        return report
+
+    return with_backend(url, read)
+
+
+def with_backend(url: str, read: Callable[[Backend], Awaitable[T]]) -> T:
+    """Runs `read` on a freshly opened backend (an existing store only), from sync code."""
+
+    async def run() -> T:
+        backend = open_backend(url, create=False)
+        await backend.open()
+        try:
+            return await read(backend)
+        finally:
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+def integrity(path: Path) -> list[str]:
+    """SQLite's own check of the file: ["ok"] when sound."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [row[0] for row in db.execute("PRAGMA integrity_check")]
+
+
+def backend_check(url: str) -> list[str]:
+    async def read(backend: Backend) -> list[str]:
+        return await backend.check()
+
+    return with_backend(url, read)
+
+
+# -- killing writers ------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class KillReport:
+    kills: int = 0
+    inside_calls: int = 0  # kills that cut a backend call short
+    journal: JournalReport = field(default_factory=JournalReport)
+    corrupt: list[str] = field(default_factory=list)  # integrity_check answers other than ok
+    problems: list[str] = field(default_factory=list)  # Backend.check() after a kill
+    seconds: float = 0.0
+
+
+def kill_writers(
+    url: str, workdir: Path, *, kills: int, seed: int = 1, max_delay: float = 0.04
+) -> KillReport:
+    """Starts a writer, lets it run for a random 0..`max_delay` seconds once it is ready,
+    SIGKILLs it; then checks the file (SQLite), the store and the journal. `kills` times,
+    each writer going on from what the last one left."""
+    rng = random.Random(seed)
+    pool = WriterPool()
+    database = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:") else None
+    report = KillReport()
+    began = time.monotonic()
+    for n in range(kills):
+        journal = workdir / f"journal-{n}.txt"
+        process = pool.start(url, journal, seed * 100_000 + n)
+        deadline = time.monotonic() + 60
+        while not read_journal(journal).ready:
+            if not process.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"writer {n} did not start (exit code {process.exitcode})")
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0, max_delay))  # where in its loop the kill lands
+        process.kill()
+        process.join()
+        report.kills += 1
+        if database is not None:
+            report.corrupt += [f"kill {n}: {r}" for r in integrity(database) if r != "ok"]
+        found = verify_journals(url, [journal])
+        report.inside_calls += found.cut_short is not None
+        report.journal.merge(found)
+        report.problems += [f"kill {n}: {p}" for p in backend_check(url)]
+    report.seconds = time.monotonic() - began
+    return report
+
+
+# -- crashing Redis under writers -----------------------------------------------------------
+
+
+class Probes:
+    """Writers running beside a crawl, whose journals say what a Redis crash lost."""
+
+    def __init__(self, url: str, workdir: Path, *, count: int = 2, seed: int = 1) -> None:
+        self.url = url
+        self.journals = [workdir / f"probe-{n}.txt" for n in range(count)]
+        pool = WriterPool()
+        self.processes = [
+            pool.start(url, journal, seed * 1000 + n) for n, journal in enumerate(self.journals)
+        ]
+        deadline = time.monotonic() + 60
+        while not all(read_journal(j).ready for j in self.journals):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the probe writers did not start")
+            time.sleep(0.01)
+
+    def signal(self, sig: signal.Signals) -> None:
+        for process in self.processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, sig)
+
+    def verify(self, *, acks_only: bool = False) -> JournalReport:
+        return verify_journals(self.url, self.journals, acks_only=acks_only)
+
+    def close(self) -> None:
+        self.signal(signal.SIGCONT)
+        for process in self.processes:
+            process.kill()
+            process.join()
+
+
+@dataclass(kw_only=True)
+class CrashReport:
+    crashes: int = 0
+    down: float = 0.0  # seconds from the kill to the restarted server answering
+    lost_schedules: set[str] = field(default_factory=set)  # acknowledged, gone after a crash
+    revived: set[str] = field(default_factory=set)  # acknowledged acks a crash undid
+    scheduled: int = 0  # acknowledged schedules of the probes in all
+    acked: int = 0
+
+
+def crash_redis(server: RedisServer, probes: Probes, report: CrashReport) -> None:
+    """SIGKILLs redis-server (a crash: only what reached its append-only file survives),
+    starts it again on the same files, and notes which acks the probes were told were done
+    came undone (checked at once: the element could be finished again later). The probes
+    are paused meanwhile. Lost schedules stay lost (keys are never used again), so
+    `finish_probes` counts them at the end."""
+    began = time.monotonic()
+    server.stop(kill=True)
+    probes.signal(signal.SIGSTOP)
+    try:
+        server.start()
+        report.down += time.monotonic() - began
+        found = probes.verify(acks_only=True)
+    finally:
+        probes.signal(signal.SIGCONT)
+    report.crashes += 1
+    report.revived.update(found.revived)
+
+
+def finish_probes(probes: Probes, report: CrashReport) -> None:
+    """Stops the probes and counts the acknowledged schedules that are gone."""
+    probes.signal(signal.SIGSTOP)
+    found = probes.verify()
+    probes.close()
+    report.lost_schedules.update(found.lost_schedules)
+    report.scheduled, report.acked = found.scheduled, found.acked

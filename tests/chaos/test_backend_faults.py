@@ -1,0 +1,251 @@
+"""Backend faults: a SQLite writer SIGKILLed mid-transaction 100 times, a full disk under
+the SQLite file, redis-server SIGKILLed and restarted mid-crawl (appendfsync always and
+everysec). Full-size figures: `python -m benchmarks.chaos_bench`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from crawlq.backends import Backend, open_backend
+from crawlq.errors import BackendError
+from crawlq.tasks import prepare
+from crawlq.testing.chaos import ChaosPlan, SyntheticWebThread, chaos_sites, run_worker_chaos
+from crawlq.testing.faults import (
+    QUEUE,
+    CrashReport,
+    Probes,
+    crash_redis,
+    finish_probes,
+    integrity,
+    kill_writers,
+)
+from crawlq.testing.redis_server import RedisServer
+from crawlq.types import Schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path) -> None:
+    """Each kill lands at a random point of a schedule/claim/ack/fail loop (most inside a
+    call); after each: integrity_check, Backend.check(), every acknowledged schedule queued
+    unless an acknowledged ack finished it, no acknowledged ack undone."""
+    report = kill_writers(f"sqlite:///{tmp_path / 'queue.db'}", tmp_path, kills=100)
+    assert report.kills == 100
+    assert report.inside_calls >= 25, report  # the kills did land mid-call
+    assert report.corrupt == []
+    assert report.problems == []
+    assert report.journal.lost_schedules == []
+    assert report.journal.revived == []
+    assert report.journal.scheduled > 1000 and report.journal.acked > 100
+
+
+# -- a full disk ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MB tmpfs of our own; a machine where it cannot be mounted fails the test."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def schedules(backend: Backend, tag: str, count: int) -> list[Schedule]:
+    return [
+        prepare(QUEUE, f"http://h{n % 20}.test/{tag}/{n}/{'x' * 200}", due=backend.now())
+        for n in range(count)
+    ]
+
+
+async def test_a_full_disk_gives_a_clear_error_and_no_corruption(small_disk: Path) -> None:
+    ballast = small_disk / "ballast"
+    ballast.write_bytes(bytes(256 * 1024))  # freed later, to make room again
+    path = small_disk / "queue.db"
+    url = f"sqlite:///{path}"
+    backend = open_backend(url)
+    await backend.open()
+    try:
+        await backend.ensure_queues([QUEUE])
+        added = 0
+        for size in (100, 10, 1):  # down to single elements, until even those do not fit
+            with pytest.raises(BackendError, match=r"^disk full: ") as refused:
+                for batch in range(10_000):
+                    added += (
+                        await backend.schedule(schedules(backend, f"{size}-{batch}", size))
+                    ).added
+        assert "free some space" in str(refused.value)
+        assert added > 100
+
+        cli = subprocess.run(
+            [sys.executable, "-m", "crawlq", "schedule", QUEUE.name, "--text",
+             *(f"http://cli.test/{n}/{'y' * 200}" for n in range(50)), "--backend", url],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert cli.returncode != 0
+        assert cli.stderr.strip().count("\n") == 0, cli.stderr  # one line, no traceback
+        assert "disk full" in cli.stderr
+
+        assert integrity(path) == ["ok"]
+        assert await backend.check() == []
+        assert (await backend.queue_stats([QUEUE.name]))[0].total == added  # nothing lost
+
+        ballast.unlink()
+        more = await backend.schedule(schedules(backend, "after", 20))
+        assert more.added == 20
+        claimed = await backend.claim([QUEUE.name], worker="w", limit=10, lease=60)
+        await backend.ack(claimed.elements)
+        assert len(claimed.elements) == 10
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+    assert integrity(path) == ["ok"]
+
+
+# -- Redis crashes --------------------------------------------------------------------------
+
+
+async def test_a_redis_call_waits_for_a_restarting_server() -> None:
+    """A call that needs a new connection while redis-server is down waits for it to come
+    back instead of failing at once (a refused connection is an OSError to redis-py)."""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    url = server.start()
+    backend = open_backend(url)
+    try:
+        await backend.open()
+        await backend.ensure_queues([QUEUE])
+        await backend.schedule(schedules(backend, "before", 5))
+        server.stop(kill=True)
+        loop = asyncio.get_running_loop()
+        restarted = loop.run_in_executor(None, server.start)
+        claimed = await backend.claim([QUEUE.name], worker="w", limit=10, lease=60)
+        await restarted
+        assert len(claimed.elements) == 5
+    finally:
+        await backend.close()
+        server.remove()
+
+
+class FlakyFront:
+    """A TCP front for redis-server that, when told, drops every connection it carries and
+    then the next `drops` new ones right after accepting them: a server going down and coming
+    back, as seen by a client reconnecting in between."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.drops = 0
+        self.dropped = 0
+        self._open: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self.idle = asyncio.Event()  # no connection carried
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def crash(self, drops: int) -> None:
+        self.drops = drops
+        for writer in list(self._open):
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.drops:
+            self.drops -= 1
+            self.dropped += 1
+            writer.transport.abort()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._open.update((writer, up_writer))
+        self.idle.clear()
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._open.difference_update((writer, up_writer))
+        if not self._open:
+            self.idle.set()
+
+    async def close(self) -> None:
+        self.crash(0)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_a_redis_call_outlasts_connections_dropped_in_their_handshake() -> None:
+    """The pooled connection is found dead and the new ones die in their handshake: redis-py
+    raises that at once (it retries only commands already on a connection); the backend
+    tries again until the server is back."""
+    server = RedisServer()
+    server.start()
+    front = FlakyFront(server.port)
+    try:
+        port = await front.start()
+        backend = open_backend(f"redis://127.0.0.1:{port}/0")
+        await backend.open()
+        try:
+            await backend.ensure_queues([QUEUE])
+            front.crash(drops=3)
+            await asyncio.wait_for(front.idle.wait(), 30)  # the client's sockets were reset
+            await backend.schedule(schedules(backend, "after", 5))
+            assert front.dropped == 3
+            assert (await backend.queue_stats([QUEUE.name]))[0].total == 5
+        finally:
+            await backend.close()
+    finally:
+        await front.close()
+        server.remove()
+
+
+@pytest.mark.parametrize("appendfsync", ["always", "everysec"])
+def test_a_crawl_rides_out_redis_crashes(appendfsync: str, tmp_path: Path) -> None:
+    """1,000 pages, 3 crawl processes and 2 probe writers on one redis-server with an
+    append-only file; redis-server is SIGKILLed and restarted twice mid-crawl. The crawl
+    finishes with every page, politely, and a consistent queue; with `always` nothing
+    acknowledged is lost. (`everysec` loses nothing to a SIGKILL as a rule, as Redis wrote
+    to the kernel before replying, but it may hold writes back while a slow fsync runs:
+    its losses are measured by the benchmark, not asserted.)"""
+    server = RedisServer(appendonly=True, appendfsync=appendfsync)
+    url = server.start()
+    report = CrashReport()
+    probes = Probes(f"{url}?namespace=probes", tmp_path)
+    try:
+        plan = ChaosPlan(kills=0, stops=0, concurrency=1, lease=10.0, timeout=120)
+        with SyntheticWebThread(chaos_sites(20, 50, latency=0.05)) as web:
+
+            def crash() -> None:
+                crash_redis(server, probes, report)
+
+            result = run_worker_chaos(web, plan, url, tmp_path, faults=[(150, crash), (400, crash)])
+        finish_probes(probes, report)
+    finally:
+        probes.close()
+        server.remove()
+    assert report.crashes == 2
+    assert result.verdict.missing == []
+    assert [v for v in result.verdict.violations if v.kind == "concurrency"] == []
+    assert result.problems == []
+    assert result.process_failures == []
+    assert report.scheduled > 1000
+    if appendfsync == "always":
+        assert report.lost_schedules == set()
+        assert report.revived == set()
+        assert result.verdict.duplicates == 0  # no ack of a fetched page was lost
