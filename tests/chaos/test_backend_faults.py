@@ -5,30 +5,24 @@ everysec). Full-size figures: `python -m benchmarks.chaos_bench`."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from crawlq.backends import Backend, open_backend
-from crawlq.errors import BackendError
-from crawlq.tasks import prepare
+from crawlq.backends import open_backend
 from crawlq.testing.chaos import ChaosPlan, SyntheticWebThread, chaos_sites, run_worker_chaos
 from crawlq.testing.faults import (
     QUEUE,
     CrashReport,
     Probes,
     crash_redis,
+    disk_schedules,
+    fill_disk,
     finish_probes,
-    integrity,
     kill_writers,
+    small_disk,
 )
 from crawlq.testing.redis_server import RedisServer
-from crawlq.types import Schedule
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path) -> None:
@@ -48,67 +42,25 @@ def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path
 # -- a full disk ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MB tmpfs of our own; a machine where it cannot be mounted fails the test."""
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)
-
-
-def schedules(backend: Backend, tag: str, count: int) -> list[Schedule]:
-    return [
-        prepare(QUEUE, f"http://h{n % 20}.test/{tag}/{n}/{'x' * 200}", due=backend.now())
-        for n in range(count)
-    ]
-
-
-async def test_a_full_disk_gives_a_clear_error_and_no_corruption(small_disk: Path) -> None:
-    ballast = small_disk / "ballast"
-    ballast.write_bytes(bytes(256 * 1024))  # freed later, to make room again
-    path = small_disk / "queue.db"
-    url = f"sqlite:///{path}"
-    backend = open_backend(url)
-    await backend.open()
-    try:
-        await backend.ensure_queues([QUEUE])
-        added = 0
-        for size in (100, 10, 1):  # down to single elements, until even those do not fit
-            with pytest.raises(BackendError, match=r"^disk full: ") as refused:
-                for batch in range(10_000):
-                    added += (
-                        await backend.schedule(schedules(backend, f"{size}-{batch}", size))
-                    ).added
-        assert "free some space" in str(refused.value)
-        assert added > 100
-
-        cli = subprocess.run(
-            [sys.executable, "-m", "crawlq", "schedule", QUEUE.name, "--text",
-             *(f"http://cli.test/{n}/{'y' * 200}" for n in range(50)), "--backend", url],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert cli.returncode != 0
-        assert cli.stderr.strip().count("\n") == 0, cli.stderr  # one line, no traceback
-        assert "disk full" in cli.stderr
-
-        assert integrity(path) == ["ok"]
-        assert await backend.check() == []
-        assert (await backend.queue_stats([QUEUE.name]))[0].total == added  # nothing lost
-
-        ballast.unlink()
-        more = await backend.schedule(schedules(backend, "after", 20))
-        assert more.added == 20
-        claimed = await backend.claim([QUEUE.name], worker="w", limit=10, lease=60)
-        await backend.ack(claimed.elements)
-        assert len(claimed.elements) == 10
-        assert await backend.check() == []
-    finally:
-        await backend.close()
-    assert integrity(path) == ["ok"]
+async def test_a_full_disk_gives_a_clear_error_and_no_corruption(tmp_path: Path) -> None:
+    """A 1 MB tmpfs of our own (a machine where it cannot be mounted fails the test) holds
+    the queue: schedules are refused with a crawlq error once it is full, `crawlq schedule`
+    says so in one line, the file is sound and nothing is lost; freed space, work goes on."""
+    with small_disk(tmp_path / "disk") as folder:
+        report = await fill_disk(folder)
+    assert report.added > 100
+    assert len(report.errors) == 3  # batches of 100, then 10, then 1: all refused in the end
+    assert all(e.startswith("BackendError: disk full: ") for e in report.errors), report.errors
+    assert "free some space" in report.errors[-1]
+    assert report.cli_code != 0
+    assert report.cli_stderr.strip().count("\n") == 0, report.cli_stderr  # one line
+    assert "disk full" in report.cli_stderr
+    assert report.integrity == ["ok"]
+    assert report.problems == []
+    assert report.total == report.added  # nothing acknowledged was lost
+    assert (report.added_after, report.claimed_after) == (20, 10)
+    assert report.problems_after == []
+    assert report.integrity_after == ["ok"]
 
 
 # -- Redis crashes --------------------------------------------------------------------------
@@ -123,7 +75,7 @@ async def test_a_redis_call_waits_for_a_restarting_server() -> None:
     try:
         await backend.open()
         await backend.ensure_queues([QUEUE])
-        await backend.schedule(schedules(backend, "before", 5))
+        await backend.schedule(disk_schedules(backend, "before", 5))
         server.stop(kill=True)
         loop = asyncio.get_running_loop()
         restarted = loop.run_in_executor(None, server.start)
@@ -205,7 +157,7 @@ async def test_a_redis_call_outlasts_connections_dropped_in_their_handshake() ->
             await backend.ensure_queues([QUEUE])
             front.crash(drops=3)
             await asyncio.wait_for(front.idle.wait(), 30)  # the client's sockets were reset
-            await backend.schedule(schedules(backend, "after", 5))
+            await backend.schedule(disk_schedules(backend, "after", 5))
             assert front.dropped == 3
             assert (await backend.queue_stats([QUEUE.name]))[0].total == 5
         finally:

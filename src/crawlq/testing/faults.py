@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import multiprocessing
 import multiprocessing.context
@@ -25,16 +26,18 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from ..backends import Backend, open_backend
-from ..errors import BackendError
+from ..errors import BackendError, CrawlqError
 from ..tasks import prepare
-from ..types import Claimed, Failure, QueueConfig
+from ..types import Claimed, Failure, QueueConfig, Schedule
 from .redis_server import RedisServer
 
 T = TypeVar("T")
@@ -354,3 +357,84 @@ def finish_probes(probes: Probes, report: CrashReport) -> None:
     probes.close()
     report.lost_schedules.update(found.lost_schedules)
     report.scheduled, report.acked = found.scheduled, found.acked
+
+
+# -- a full disk ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str = "1m") -> Iterator[Path]:
+    """A tmpfs of `size` mounted on `folder` (needs root); unmounted on the way out. Raises
+    when it cannot be mounted: a caller that needs it must fail, not skip."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def disk_schedules(backend: Backend, tag: str, count: int) -> list[Schedule]:
+    """`count` elements of about 250 bytes each."""
+    return [
+        prepare(QUEUE, f"http://h{n % 20}.test/{tag}/{n}/{'x' * 200}", due=backend.now())
+        for n in range(count)
+    ]
+
+
+@dataclass(kw_only=True)
+class DiskReport:
+    added: int = 0  # elements scheduled before the disk was full
+    errors: list[str] = field(default_factory=list)  # what each refused schedule said
+    cli_code: int = 0  # `crawlq schedule` on the full disk
+    cli_stderr: str = ""
+    integrity: list[str] = field(default_factory=list)  # on the full disk
+    problems: list[str] = field(default_factory=list)  # Backend.check() on the full disk
+    total: int = 0  # elements in the queue on the full disk
+    added_after: int = 0  # scheduled once space was freed
+    claimed_after: int = 0  # claimed and acked then
+    problems_after: list[str] = field(default_factory=list)
+    integrity_after: list[str] = field(default_factory=list)
+
+
+async def fill_disk(folder: Path, *, ballast: int = 256 * 1024) -> DiskReport:
+    """Fills `folder` (a small tmpfs) with a queue: batches of 100, then 10, then single
+    elements, each until refused; tries `crawlq schedule` on it; checks the file and the
+    store; frees `ballast` bytes laid down first, and works on."""
+    spare = folder / "ballast"
+    spare.write_bytes(bytes(ballast))
+    path = folder / "queue.db"
+    url = f"sqlite:///{path}"
+    report = DiskReport()
+    backend = open_backend(url)
+    await backend.open()
+    try:
+        await backend.ensure_queues([QUEUE])
+        for size in (100, 10, 1):
+            for batch in itertools.count():
+                items = disk_schedules(backend, f"{size}-{batch}", size)
+                try:
+                    report.added += (await backend.schedule(items)).added
+                except CrawlqError as exc:
+                    report.errors.append(f"{type(exc).__name__}: {exc}")
+                    break
+        texts = [f"http://cli.test/{n}/{'y' * 200}" for n in range(50)]
+        cli = subprocess.run(
+            [sys.executable, "-m", "crawlq", "schedule", QUEUE.name, "--text", *texts,
+             "--backend", url],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        report.cli_code, report.cli_stderr = cli.returncode, cli.stderr
+        report.integrity = integrity(path)
+        report.problems = await backend.check()
+        report.total = (await backend.queue_stats([QUEUE.name]))[0].total
+        spare.unlink()
+        report.added_after = (await backend.schedule(disk_schedules(backend, "after", 20))).added
+        claimed = await backend.claim([QUEUE.name], worker="w", limit=10, lease=60)
+        await backend.ack(claimed.elements)
+        report.claimed_after = len(claimed.elements)
+        report.problems_after = await backend.check()
+    finally:
+        await backend.close()
+    report.integrity_after = integrity(path)
+    return report
