@@ -27,6 +27,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,7 +232,7 @@ class Env:
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     if request.param == "redis":
         server: RedisServer = request.getfixturevalue("secured_redis")
-        url = f"{server.url}?namespace=security-{os.getpid()}-{id(tmp_path)}"
+        url = f"{server.url}?namespace=security-{uuid.uuid4().hex[:12]}"
     else:
         url = f"sqlite:///{tmp_path / 'queue.db'}"
     return Env(url=url, home=tmp_path)
