@@ -750,3 +750,21 @@ def test_sync_api_refuses_deep_and_huge_elements_without_a_traceback(harness: Ha
     with pytest.raises(UnknownQueue):
         harness.schedule("nosuch", 1)
     harness.consistent()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--host", "127.0.0\x00.1"], "--host"),
+        (["--host", ""], "--host"),
+        (["--port", "99999"], "--port"),
+        (["--cache", "nan"], "--cache"),
+        (["--cache", "-1"], "--cache"),
+    ],
+    ids=["host-nul", "host-empty", "port-out-of-range", "cache-nan", "cache-negative"],
+)
+def test_crawlq_dashboard_refuses_bad_options_in_one_line(
+    crawlq_cli: Cli, options: list[str], named: str
+) -> None:
+    result = crawlq_cli.invoke("dashboard", "--port", "0", *options)
+    assert result.exit_code in (1, 2) and named in result.output, result.output

@@ -8,7 +8,7 @@ import socket
 
 import click
 
-from ..checks import seconds
+from ..checks import seconds, shorten, unicode_error
 from ..errors import ConfigError
 from ..observe.logs import redact
 from ..observe.security import check_token
@@ -32,7 +32,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
-    except (OSError, ValueError, UnicodeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: a NUL in the host
         sock.close()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from None
@@ -86,6 +86,8 @@ def dashboard(
 
     _, url = resolve_url(app_spec, backend_url)
     cache = seconds(cache, "--cache")
+    if not host or not host.isprintable() or unicode_error(host):
+        raise ConfigError(f"--host {shorten(host)} is not an address or a host name")
     if token is not None:
         check_token(token)
     if not is_loopback(host) and not token:
