@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import tldextract
 
@@ -34,9 +35,14 @@ def element_url(element: JSON) -> str | None:
 
 
 def url_host(url: str) -> str:
-    """The lower-case host of an absolute http(s) URL; InvalidElement otherwise."""
+    """The host of an absolute http(s) URL in one spelling per host, so that no host
+    escapes its limits by being written another way: lower case, no trailing dot,
+    percent-escapes decoded, international names in IDNA (xn--) form, IPv4 addresses in
+    dotted-decimal whatever their spelling (2130706433, 0x7f.1). InvalidElement otherwise."""
     host = _plain_host(url)
-    return host if host is not None else _parsed_host(url)
+    if host is None:
+        host = _parsed_host(url)
+    return _numeric_host(host, url) if host[-1].isdigit() else host
 
 
 def _plain_host(url: str) -> str | None:
@@ -60,9 +66,31 @@ def _parsed_host(url: str) -> str:
         raise InvalidElement(f"malformed URL {url!r}: {exc}") from exc
     if parts.scheme.lower() not in ("http", "https"):
         raise InvalidElement(f"URL {url!r} must be absolute http or https")
+    host = unquote(host or "").rstrip(".")
     if not host:
         raise InvalidElement(f"URL {url!r} has no host")
-    return host
+    if any(c <= " " or c in "/?#@\\%" for c in host):
+        raise InvalidElement(f"URL {url!r}: the host has characters no host name has")
+    if not host.isascii() and ":" not in host:
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise InvalidElement(f"URL {url!r}: host is not a valid name ({exc})") from exc
+    return host.lower()
+
+
+_IPV4_LABEL = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
+
+
+@lru_cache(maxsize=4096)
+def _numeric_host(host: str, url: str) -> str:
+    """A host whose last label is a number is an IPv4 address (as browsers read it)."""
+    if ":" in host or not _IPV4_LABEL.match(host.rsplit(".", 1)[-1]):
+        return host
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        raise InvalidElement(f"URL {url!r}: {host!r} is not a valid IPv4 address") from None
 
 
 @lru_cache(maxsize=65536)

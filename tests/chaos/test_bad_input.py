@@ -22,11 +22,14 @@ time; deadlines are off (a loaded CI machine is slow, not wrong).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import socket
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -381,7 +384,15 @@ def url_host(url: str) -> str | None:
     host = authority.rpartition("@")[2]
     if host.startswith("["):
         return host.partition("]")[0][1:].lower() if "]" in host else None
-    return host.rpartition(":")[0].lower() if ":" in host else host.lower()
+    host = host.rpartition(":")[0] if ":" in host else host
+    # one spelling per host: no trailing dot, escapes decoded, IDNA, dotted-decimal IPv4
+    host = urllib.parse.unquote(host).rstrip(".")
+    if not host.isascii():
+        host = host.encode("idna").decode("ascii")
+    if host[-1:].isdigit():
+        with contextlib.suppress(OSError):
+            host = socket.inet_ntoa(socket.inet_aton(host))
+    return host.lower()
 
 
 @PROPERTY
