@@ -12,7 +12,9 @@ import asyncio
 import errno
 import functools
 import itertools
+import socket
 import ssl
+import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.connector import AddrInfoType
 from yarl import URL
 
 from ..observe.metrics import worker_metrics
@@ -158,6 +161,7 @@ class Fetcher:
                 ttl_dns_cache=settings.dns_ttl,
                 resolver=self._resolver,
                 ssl=_tls(settings),
+                socket_factory=_abortive_socket,
             )
         return self._connector
 
@@ -515,3 +519,13 @@ def _translate(exc: Exception, url: str) -> FetchError:
     if isinstance(exc, aiohttp.InvalidURL | ValueError):
         return FetchError(Reason.NETWORK, url, f"invalid request: {detail}")
     raise exc
+
+
+def _abortive_socket(addr_info: AddrInfoType) -> socket.socket:
+    """A socket whose close discards what it has not sent yet (SO_LINGER 0: a reset, not a
+    FIN after the data), so a request given up on (its task cancelled, its lease lost) never
+    reaches the server later, when the link comes back, on a slot that is no longer its own."""
+    family, kind, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return sock
