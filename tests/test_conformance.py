@@ -246,6 +246,21 @@ async def test_blocked_group_waits_until_the_block_ends(
     assert [c.group for c in await claim(backend)] == ["busy.test"]
 
 
+async def test_requests_of_a_group_are_reserved_a_gap_apart_for_every_worker(
+    backend: Backend, clock: ManualClock
+) -> None:
+    assert await backend.reserve_send("slow.test", 0.5) == 0  # the first: at once
+    assert await backend.reserve_send("slow.test", 0.5) == pytest.approx(0.5)
+    assert await backend.reserve_send("slow.test", 0.5) == pytest.approx(1.0)
+    assert await backend.reserve_send("other.test", 0.5) == 0  # groups are independent
+    clock.advance(1.2)
+    assert await backend.reserve_send("slow.test", 0.5) == pytest.approx(0.3)
+    clock.advance(10)
+    assert await backend.reserve_send("slow.test", 0.5) == 0
+    assert await backend.reserve_send("slow.test", 0.5, 2.0) == pytest.approx(2.0)  # earliest
+    assert await backend.reserve_send("slow.test", 0.5) == pytest.approx(2.5)
+
+
 async def test_unblocking_makes_a_group_claimable_at_once(
     backend: Backend, clock: ManualClock
 ) -> None:

@@ -80,6 +80,13 @@ class Backend(Protocol):
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         """No element of `group` starts before `until`; None lifts the block."""
 
+    async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
+        """Reserves the next request to `group` for every worker on every machine: at
+        least `gap` seconds after the previous reservation and `earliest` seconds from now.
+        Returns how many seconds from now the reserved time is (0: at once). The claim
+        spaces the starts of elements; this spaces the requests they send, which leave a
+        variable few milliseconds after their claims."""
+
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]: ...
 
     async def group_stats(

@@ -317,6 +317,8 @@ class Fetcher:
                     await check(current)
                 await self._check_address(current)
                 if use_robots:
+                    if pace is not None and not self.robots.known(current):
+                        await pace(current)  # the robots.txt request is paced like any other
                     await self.robots.check(current)
                 if pace is not None:
                     await pace(current)

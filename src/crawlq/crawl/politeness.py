@@ -8,11 +8,13 @@ Blocks carry a reason that `crawlq stats` and `group_stats` show. A worker also 
 the blocks it set, so tasks it already claimed for that group do not send requests early.
 
 The queue spaces a group's claims by its interval, but a claim is not the request: the time
-from claim to the request's first byte varies by a few milliseconds, and the robots.txt
-request a host's first page sends is a request too. So a worker also paces the requests it
-sends itself: each waits until the group's interval has passed since the last one this
-worker sent (a few milliseconds as a rule; a wait longer than `MAX_PACING_WAIT` puts the
-page back in the queue as Throttled instead).
+from claim to the request's first byte varies by a few milliseconds (tens on a loaded
+machine), and the robots.txt request a host's first page sends is a request too. So each
+request is paced as well, right before it is sent: it reserves its time in the backend, at
+least the interval after the previous request any worker on any machine reserved for the
+group and after this worker's own last request to the host (robots.txt included), and waits
+for it (a few milliseconds as a rule; a wait longer than `MAX_PACING_WAIT` puts the page back
+in the queue as Throttled instead).
 """
 
 from __future__ import annotations
@@ -126,22 +128,25 @@ class Politeness:
         return interval
 
     async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> None:
-        """Waits until `group`'s interval has passed since this worker's last request to it
-        (and `fetcher`'s last one to `url`'s host: robots.txt); Throttled if that is more
-        than MAX_PACING_WAIT away."""
+        """Waits until `group`'s interval has passed since the last request to it that any
+        worker reserved (Backend.reserve_send), and since this worker's own last request to
+        `url`'s host (robots.txt included); Throttled if that is more than MAX_PACING_WAIT
+        away."""
         interval = await self.interval(group)
         if interval <= 0:
             return
+        gap = interval + min(MAX_PACING_MARGIN, interval * PACING_MARGIN)
         now = self.clock()
         last = self._last_sent.get(group, 0.0)
         if fetcher is not None:
             last = max(last, fetcher.last_sent(url_host(url)) or 0.0)
-        start = max(now, last + interval + min(MAX_PACING_MARGIN, interval * PACING_MARGIN))
-        if start - now > MAX_PACING_WAIT:
-            raise Throttled(url, start, f"group {group} interval {interval:g}s")
+        wait = await self.backend.reserve_send(group, gap, max(0.0, last + gap - now))
+        if wait > MAX_PACING_WAIT:
+            raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
+        start = self.clock() + wait
         self._last_sent[group] = start
-        if start > now:
-            await asyncio.sleep(start - now)
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def blocked_until(self, group: str) -> float | None:
         until = self._blocked.get(group)

@@ -109,6 +109,11 @@ class RobotsCache:
             delay = per_request if delay is None else max(delay, per_request)
         return None if delay is None else float(delay)
 
+    def known(self, url: str) -> bool:
+        """Whether `url`'s rules are at hand: checking it sends no robots.txt request."""
+        cached = self._rules.get(origin(url))
+        return cached is not None and cached.expires > self._clock()
+
     async def check(self, url: str) -> None:
         """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
         rules = await self.rules(url)

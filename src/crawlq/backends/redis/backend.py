@@ -429,6 +429,9 @@ class RedisBackend:
         reason = reason if until is not None and reason else None
         await self._run("block", [group, until or False, reason or False])
 
+    async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
+        return float(await self._run("reserve_send", [group, gap, earliest]))
+
     # -- introspection ------------------------------------------------------------------------
 
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]:

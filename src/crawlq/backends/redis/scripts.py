@@ -20,6 +20,7 @@ OPERATIONS = (
     "workers",
     "limits",
     "block",
+    "reserve_send",
     "dead",
     "groups",
 )

@@ -171,6 +171,10 @@ class SQLiteBackend:
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         self._wake.send(await self._call(self.engine.block_group, group, until, reason))
 
+    async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
+        wait: float = await self._call(self.engine.reserve_send, group, gap, earliest)
+        return wait
+
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]:
         return await self._call(self.engine.queue_stats, queues)
 

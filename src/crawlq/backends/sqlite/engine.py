@@ -542,6 +542,13 @@ class Engine:
             opened = self._settle(set(), {group_id}, now)
             return self._wake_addresses() if opened else []
 
+    def reserve_send(self, group: str, gap: float, earliest: float) -> float:
+        with self.store.transaction():
+            now = self.clock()
+            params = {"name": group, "earliest": now + earliest, "gap": gap}
+            reserved = float(self.store.value("send_reserve", params))
+            return max(0.0, reserved - now)
+
     # -- introspection ----------------------------------------------------------------------
 
     def queue_stats(self, names: Sequence[str] | None) -> list[QueueStats]:

@@ -206,6 +206,11 @@ UPDATE groups SET concurrency = :concurrency, interval = :interval WHERE id = :g
 -- name: group_block
 UPDATE groups SET blocked_until = :until, block_reason = :reason WHERE id = :group_id;
 
+-- name: send_reserve
+INSERT INTO send_times (name, at) VALUES (:name, :earliest)
+    ON CONFLICT (name) DO UPDATE SET at = max(:earliest, at + :gap)
+    RETURNING at;
+
 -- name: groups_all
 SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
 

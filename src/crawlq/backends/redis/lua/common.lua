@@ -18,6 +18,7 @@
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
 --                              r running, ls last start, bu blocked until, br block reason
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
+--   P sent              hash   group -> the time reserved for its latest request (reserve_send)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake              pubsub channel: something became claimable
