@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from crawlq.backends import Backend, open_backend
-from crawlq.backends.redis.backend import redact
 from crawlq.backends.redis.globs import lua_pattern
 from crawlq.errors import BackendUnavailable, ConfigError
+from crawlq.observe.logs import redact
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import Failure, Limit, LimitRule
 
@@ -72,8 +72,8 @@ async def test_an_unreachable_server_is_reported_at_once() -> None:
 
 
 def test_passwords_are_redacted_from_urls() -> None:
-    assert redact("redis://:pw@h:1/0") == "redis://:***@h:1/0"
-    assert redact("rediss://user:pw@h/0?x=1") == "rediss://user:***@h/0?x=1"
+    assert redact("redis://:pw@h:1/0") == "redis://***@h:1/0"
+    assert redact("rediss://user:pw@h/0?x=1") == "rediss://***@h/0?x=1"
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
 
 

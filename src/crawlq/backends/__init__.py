@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 
 from ..errors import ConfigError
+from ..observe.logs import redact
 from .base import Backend
 from .redis import RedisBackend
-from .redis.backend import redact
 from .sqlite import DEFAULT_URL, SQLiteBackend
 
 __all__ = ["DEFAULT_URL", "Backend", "open_backend"]

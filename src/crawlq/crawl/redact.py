@@ -16,29 +16,20 @@ from __future__ import annotations
 
 import re
 
-MASK = "***"
+from ..observe.logs import redact, redact_userinfo
+
 REDACTED = "[redacted]"
 #: Headers whose values are credentials.
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 
-#: The userinfo of an http(s) URL: after "//", up to the last "@" before the host ends.
-_USERINFO = re.compile(r"(?P<scheme>\bhttps?://)[^/?#@\s\"'<>]*@", re.IGNORECASE)
 #: A cookie's value in Cookie (a=1; b=2) and Set-Cookie (a=1; Path=/: only the first).
 _COOKIE_VALUE = re.compile(r"(?P<name>(?:^|;)\s*[^=;\s]+=)[^;]*")
 
-
-def redact_url(url: str) -> str:
-    """`url` without its userinfo's secrets (`http://***@host/`)."""
-    if "@" not in url:
-        return url
-    return _USERINFO.sub(rf"\g<scheme>{MASK}@", url, count=1)
-
-
-def redact_text(text: str) -> str:
-    """Every http(s) URL's userinfo in `text` masked (error messages quote URLs)."""
-    if "@" not in text:
-        return text
-    return _USERINFO.sub(rf"\g<scheme>{MASK}@", text)
+#: `url` without its userinfo's secrets (`http://***@host/`), nothing else changed: the key
+#: of the WARC index, so two URLs stay two.
+redact_url = redact_userinfo
+#: Every credential in `text` masked (error messages quote URLs, headers, forms).
+redact_text = redact
 
 
 def redact_header(name: str, value: str) -> str:

@@ -64,13 +64,18 @@ def redact(text: str) -> str:
     it (``redis://***@host``; a user alone may be a token), secret query parameters
     (``?token=***``) and Authorization headers. The one function for backend URLs, proxy
     URLs, element keys, log lines, error messages and dashboard pages."""
-    if "@" in text:
-        text = _USERINFO.sub(_mask_userinfo, text)
+    text = redact_userinfo(text)
     if "=" in text:
         text = _SECRET_PARAM.sub(lambda m: m.group("name") + MASK, text)
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH_HEADER.sub(lambda m: m.group("name") + MASK, text)
     return text
+
+
+def redact_userinfo(text: str) -> str:
+    """`text` with the user and password of each URL in it masked (``http://***@host/``),
+    and nothing else changed: what a URL may become and still be told apart from others."""
+    return _USERINFO.sub(_mask_userinfo, text) if "@" in text else text
 
 
 def safe_key(key: str) -> str:

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
 from ...limits import DEFAULT_LIMIT, specificity
+from ...observe.logs import redact
 from ...types import (
     Attempt,
     Claimed,
@@ -56,18 +57,6 @@ SCHEMA_VERSION = "1"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))
 
 
 def split_namespace(url: str) -> tuple[str, str]:
