@@ -127,6 +127,10 @@ def worker_chaos(size: Size, scratch: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _check(row: dict[str, Any]) -> str:
+    return "ok" if not row["problems"] else f"**{len(row['problems'])} problems**"
+
+
 def worker_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| backend | run | pages fetched | kills / stops | fetched twice (bound: held by"
@@ -136,11 +140,10 @@ def worker_table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         interval = "-" if not r["delay"] else f"{r['interval']} ({r['interval_robots']})"
-        check = "ok" if not r["problems"] else f"**{len(r['problems'])} problems**"
         lines.append(
             f"| {r['backend']} | {r['config']} | {r['pages']:,}/{r['expected']:,}"
             f" | {r['kills']} / {r['stops']} | {r['duplicates']} ({r['held']})"
-            f" | {r['concurrency']} | {interval} | {r['lapsed']} | {check}"
+            f" | {r['concurrency']} | {interval} | {r['lapsed']} | {_check(r)}"
             f" | {r['seconds']:.0f} |"
         )
     return "\n".join(lines)
@@ -178,6 +181,7 @@ def redis_crashes(size: Size, scratch: Path) -> list[dict[str, Any]]:
             probe_acked=report.acked,
             lost_schedules=len(report.lost_schedules),
             undone_acks=len(report.revived),
+            stale_acks=len(report.stale),
         )
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -187,18 +191,17 @@ def redis_crashes(size: Size, scratch: Path) -> list[dict[str, Any]]:
 def redis_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| appendfsync | SIGKILLs of redis-server | down s (sum) | probe schedules acknowledged"
-        " | lost | probe acks acknowledged | undone | crawl pages fetched | never fetched"
-        " | fetched twice | concurrency violations | check |",
+        " | lost | probe acks acknowledged | undone (refused as stale) | crawl pages fetched"
+        " | never fetched | fetched twice | concurrency violations | check |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        check = "ok" if not r["problems"] else f"**{len(r['problems'])} problems**"
         lines.append(
             f"| {r['appendfsync']} | {r['crashes']} | {r['down']:.2f}"
             f" | {r['probe_scheduled']:,} | {r['lost_schedules']} | {r['probe_acked']:,}"
-            f" | {r['undone_acks']} | {r['pages']:,}/{r['expected']:,}"
+            f" | {r['undone_acks']} ({r['stale_acks']}) | {r['pages']:,}/{r['expected']:,}"
             f" | {r['expected'] - r['pages']} | {r['duplicates']} | {r['concurrency']}"
-            f" | {check} |"
+            f" | {_check(r)} |"
         )
     return "\n".join(lines)
 
@@ -217,6 +220,7 @@ def sqlite_kills(size: Size, scratch: Path) -> dict[str, Any]:
         "acked": report.journal.acked,
         "lost_schedules": len(report.journal.lost_schedules),
         "undone_acks": len(report.journal.revived),
+        "stale_acks": len(report.journal.stale),
         "corrupt": report.corrupt,
         "problems": report.problems,
         "seconds": report.seconds,
@@ -229,10 +233,11 @@ def sqlite_table(r: dict[str, Any]) -> str:
     return "\n".join(
         [
             "| SIGKILLs | inside a backend call | schedules acknowledged | lost | acks"
-            " acknowledged | undone | integrity_check not ok | check() problems | s |",
+            " acknowledged | undone (refused as stale) | integrity_check not ok | check()"
+            " problems | s |",
             "|---|---|---|---|---|---|---|---|---|",
             f"| {r['kills']} | {r['inside_calls']} | {r['scheduled']:,} | {r['lost_schedules']}"
-            f" | {r['acked']:,} | {r['undone_acks']} | {len(r['corrupt'])}"
+            f" | {r['acked']:,} | {r['undone_acks']} ({r['stale_acks']}) | {len(r['corrupt'])}"
             f" | {len(r['problems'])} | {r['seconds']:.1f} |",
         ]
     )

@@ -5,6 +5,7 @@ The full-size run (10,000 pages, 20 kills) is `python -m benchmarks.chaos_bench`
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -15,7 +16,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import crawlq
 from crawlq.backends import Backend
 from crawlq.testing.chaos import (
     ChaosPlan,
@@ -24,7 +29,8 @@ from crawlq.testing.chaos import (
     chaos_sites,
     run_worker_chaos,
 )
-from crawlq.types import Failure
+from crawlq.types import ClaimResult, Failure
+from crawlq.worker import Worker
 
 from ..helpers import ManualClock, claim, schedule
 
@@ -183,3 +189,38 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 60) 
 
 def readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
+
+
+async def test_a_claim_answered_after_its_lease_ran_out_is_not_started(
+    chaos_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is paused between sending a claim and reading its answer for longer than
+    the lease: its tasks' first step would run before the lease timer, so they look for
+    themselves and do not start. The element runs again, on attempt 2."""
+    app = crawlq.App(chaos_url)
+    runs: list[int] = []
+
+    @app.task(group=None, lease=1.0)
+    async def job(ctx: crawlq.Context, element: str) -> None:
+        runs.append(ctx.attempt)
+
+    await app.aschedule_many(job, ["one"])
+    backend = await app.backend()
+    real_claim = backend.claim
+    paused = False
+
+    async def paused_claim(*args: Any, **kwargs: Any) -> ClaimResult:
+        nonlocal paused
+        result = await real_claim(*args, **kwargs)
+        if result.elements and not paused:
+            paused = True
+            await asyncio.sleep(1.5)  # the answer is read 1.5 s late: past the 1 s lease
+        return result
+
+    monkeypatch.setattr(backend, "claim", paused_claim)
+    try:
+        stats = await Worker(app, burst=True, burst_horizon=5.0).run()
+    finally:
+        await app.aclose()
+    assert runs == [2]
+    assert stats.lapsed == 1

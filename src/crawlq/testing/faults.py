@@ -5,7 +5,9 @@ The writer (`write_forever`, a child process) schedules, claims, acks and fails 
 one queue in a loop. Around every call it appends to a journal: the call and its keys before
 (`+schedule [...]`), `ok` once the call returned. So after a crash, every key of a completed
 schedule must still be queued, unless a completed ack finished it; the one call a kill cut
-short may have happened or not.
+short may have happened or not. An acked element still there with the attempt that was acked
+lost its ack; one claimed again since was acked too late (its lease had run out, so the ack
+was refused as stale, by design).
 
     with WriterPool() as pool:                       # forks writers cheaply
         process = pool.start(url, journal, seed)
@@ -32,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..backends import Backend, open_backend
 from ..errors import BackendError, CrawlqError
@@ -96,7 +98,7 @@ async def _write_forever(url: str, journal: str, seed: int) -> None:
         note("ok")
         claimed = result.elements
         acked, failed = _split(claimed, rng)
-        note("+ack " + json.dumps([c.key for c in acked]))
+        note("+ack " + json.dumps([[c.key, c.attempt] for c in acked]))
         await _retrying(functools.partial(backend.ack, acked))
         note("ok")
         failures = [Failure(element=c, error="again", retry_at=backend.now()) for c in failed]
@@ -136,7 +138,8 @@ class JournalReport:
     scheduled: int = 0  # keys whose schedule returned
     acked: int = 0  # keys whose ack returned
     lost_schedules: list[str] = field(default_factory=list)  # returned, yet not in the queue
-    revived: list[str] = field(default_factory=list)  # acked, yet queued again
+    revived: list[str] = field(default_factory=list)  # acked, yet there with that attempt
+    stale: list[str] = field(default_factory=list)  # acked after another claim: refused
     cut_short: str | None = None  # the call the kill interrupted, if any
 
     def merge(self, other: JournalReport) -> None:
@@ -144,12 +147,13 @@ class JournalReport:
         self.acked += other.acked
         self.lost_schedules += other.lost_schedules
         self.revived += other.revived
+        self.stale += other.stale
 
 
 @dataclass(kw_only=True)
 class Journal:
     scheduled: set[str] = field(default_factory=set)
-    acked: set[str] = field(default_factory=set)
+    acked: dict[str, int] = field(default_factory=dict)  # key -> the attempt acked last
     uncertain: set[str] = field(default_factory=set)  # keys of the call cut short
     cut_short: str | None = None
     ready: bool = False
@@ -157,7 +161,7 @@ class Journal:
 
 def read_journal(path: Path) -> Journal:
     journal = Journal()
-    pending: tuple[str, list[str]] | None = None
+    pending: tuple[str, list[Any]] | None = None
     text = path.read_text() if path.exists() else ""
     for line in text.splitlines():
         if line == "ok":
@@ -167,7 +171,7 @@ def read_journal(path: Path) -> Journal:
                 if call == "schedule":
                     journal.scheduled.update(keys)
                 elif call == "ack":
-                    journal.acked.update(keys)
+                    journal.acked.update((key, attempt) for key, attempt in keys)
             pending = None
         elif line.startswith("+"):
             call, _, listed = line[1:].partition(" ")
@@ -176,8 +180,12 @@ def read_journal(path: Path) -> Journal:
             except json.JSONDecodeError:  # the kill tore the line: the call never started
                 pending = None
     if pending is not None:
-        journal.cut_short = pending[0]
-        journal.uncertain.update(pending[1])
+        call, keys = pending
+        journal.cut_short = call
+        if call == "schedule":
+            journal.uncertain.update(keys)
+        elif call == "ack":
+            journal.uncertain.update(key for key, _ in keys)
     return journal
 
 
@@ -189,7 +197,7 @@ def verify_journals(url: str, paths: Sequence[Path], *, acks_only: bool = False)
     for path in paths:
         one = read_journal(path)
         journal.scheduled |= one.scheduled
-        journal.acked |= one.acked
+        journal.acked.update(one.acked)
         journal.uncertain |= one.uncertain
         journal.cut_short = journal.cut_short or one.cut_short
 
@@ -199,16 +207,18 @@ def verify_journals(url: str, paths: Sequence[Path], *, acks_only: bool = False)
             acked=len(journal.acked),
             cut_short=journal.cut_short,
         )
-        wanted = journal.acked if acks_only else journal.scheduled | journal.acked
+        wanted = set(journal.acked) if acks_only else journal.scheduled | set(journal.acked)
         keys = sorted(wanted - journal.uncertain)
         for start in range(0, len(keys), LOOKUPS_AT_ONCE):
             chunk = keys[start : start + LOOKUPS_AT_ONCE]
             found = await asyncio.gather(*(backend.element(QUEUE.name, key) for key in chunk))
             for key, info in zip(chunk, found, strict=True):
-                if key in journal.acked and info is not None:
-                    report.revived.append(key)
-                elif key not in journal.acked and info is None:
-                    report.lost_schedules.append(key)
+                attempt = journal.acked.get(key)
+                if attempt is None:
+                    if info is None:
+                        report.lost_schedules.append(key)
+                elif info is not None:
+                    (report.revived if info.attempts == attempt else report.stale).append(key)
         return report
 
     return with_backend(url, read)
@@ -327,6 +337,7 @@ class CrashReport:
     down: float = 0.0  # seconds from the kill to the restarted server answering
     lost_schedules: set[str] = field(default_factory=set)  # acknowledged, gone after a crash
     revived: set[str] = field(default_factory=set)  # acknowledged acks a crash undid
+    stale: set[str] = field(default_factory=set)  # acks refused: the lease had run out
     scheduled: int = 0  # acknowledged schedules of the probes in all
     acked: int = 0
 
@@ -348,6 +359,7 @@ def crash_redis(server: RedisServer, probes: Probes, report: CrashReport) -> Non
         probes.signal(signal.SIGCONT)
     report.crashes += 1
     report.revived.update(found.revived)
+    report.stale.update(found.stale)
 
 
 def finish_probes(probes: Probes, report: CrashReport) -> None:
@@ -356,6 +368,7 @@ def finish_probes(probes: Probes, report: CrashReport) -> None:
     found = probes.verify()
     probes.close()
     report.lost_schedules.update(found.lost_schedules)
+    report.stale.update(found.stale)
     report.scheduled, report.acked = found.scheduled, found.acked
 
 

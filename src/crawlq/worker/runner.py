@@ -253,21 +253,24 @@ class Worker:
         now = asyncio.get_running_loop().time()
         for task, deadline in list(self._deadlines.items()):
             if deadline <= now:
-                del self._deadlines[task]
-                self._lapsed.add(task)
+                self._lapse(task, now - deadline)
                 task.cancel()
-                claimed = self._inflight[task]
-                self.stats.lapsed += 1
-                log.warning(
-                    "worker %s: lease of %s %s (attempt %d) ran out %.1fs ago; dropped it,"
-                    " the queue gives it to another worker",
-                    self.id,
-                    claimed.queue,
-                    claimed.key[:200],
-                    claimed.attempt,
-                    now - deadline,
-                )
         self._arm_watchdog()
+
+    def _lapse(self, task: asyncio.Task[None], late: float) -> None:
+        del self._deadlines[task]
+        self._lapsed.add(task)
+        claimed = self._inflight[task]
+        self.stats.lapsed += 1
+        log.warning(
+            "worker %s: lease of %s %s (attempt %d) ran out %.1fs ago; dropped it,"
+            " the queue gives it to another worker",
+            self.id,
+            claimed.queue,
+            claimed.key[:200],
+            claimed.attempt,
+            late,
+        )
 
     async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
         fields = task_fields(
@@ -285,6 +288,14 @@ class Worker:
 
     async def _run_scoped(self, backend: Backend, claimed: Claimed) -> str | None:
         """Runs one element; its outcome (done, retry, dead), or None if it did not run."""
+        me = asyncio.current_task()
+        deadline_at = self._deadlines.get(me) if me is not None else None
+        now = asyncio.get_running_loop().time()
+        if me is not None and deadline_at is not None and deadline_at <= now:
+            # The claim came back after its lease ran out (paused in between): the task's
+            # first step runs before the lease timer could stop it, so it looks here.
+            self._lapse(me, now - deadline_at)
+            return None
         task = self.tasks[claimed.queue]
         policy = task.options.retry
         if claimed.attempt > policy.max_attempts:
