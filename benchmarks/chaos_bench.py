@@ -7,6 +7,8 @@
   replacement) and 2 SIGSTOPs for 5 s against a 3 s lease, at points set by the pages the
   server has seen. One request at a time per site, without and with a 0.1 s interval; the
   interval run also without chaos, as the baseline its violations compare with.
+  And the overlap leases cannot prevent: a worker frozen (SIGSTOP) past its lease while
+  its request is still open at the server (a 5 s answer, a 2 s lease).
 - redis: the same crawl on Redis with an append-only file (`appendfsync always`, then
   `everysec`), redis-server SIGKILLed and restarted 5 times, 2 probe writers beside it
   journaling every acknowledged schedule and ack.
@@ -36,6 +38,7 @@ from crawlq.testing.chaos import (
     ChaosResult,
     SyntheticWebThread,
     chaos_sites,
+    frozen_mid_request,
     run_worker_chaos,
 )
 from crawlq.testing.faults import (
@@ -150,6 +153,44 @@ def worker_table(rows: list[dict[str, Any]]) -> str:
 
 
 # -- Redis crashes --------------------------------------------------------------------------
+
+
+def frozen(scratch: Path) -> list[dict[str, Any]]:
+    """The overlap leases cannot prevent, once per backend."""
+    rows = []
+    for kind in ("sqlite", "redis"):
+        work = scratch / f"frozen-{kind}"
+        work.mkdir()
+        cleanup: list[Callable[[], None]] = []
+        try:
+            verdict = frozen_mid_request(backend_for(kind, work, cleanup), work)
+        finally:
+            for step in cleanup:
+                step()
+        row = {
+            "backend": kind,
+            "pages": verdict.pages,
+            "expected": verdict.expected,
+            "duplicates": verdict.duplicates,
+            "concurrency": [f"{v.path}: {v.detail}" for v in verdict.violations],
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def frozen_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| backend | pages fetched | fetched twice | concurrency violations |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        found = "; ".join(r["concurrency"]) or "none"
+        lines.append(
+            f"| {r['backend']} | {r['pages']}/{r['expected']} | {r['duplicates']}"
+            f" | {len(r['concurrency'])} ({found}) |"
+        )
+    return "\n".join(lines)
 
 
 def redis_crashes(size: Size, scratch: Path) -> list[dict[str, Any]]:
@@ -287,6 +328,14 @@ def main(argv: list[str] | None = None) -> None:
         if "worker" in parts:
             results["worker"] = worker_chaos(size, scratch)
             sections.append(("Worker chaos", worker_table(results["worker"])))
+            results["frozen"] = frozen(scratch)
+            sections.append(
+                (
+                    "A worker frozen past its lease while its request is open (5 s answer,"
+                    " 2 s lease)",
+                    frozen_table(results["frozen"]),
+                )
+            )
         if "redis" in parts:
             results["redis"] = redis_crashes(size, scratch)
             sections.append(("redis-server SIGKILLed mid-crawl", redis_table(results["redis"])))

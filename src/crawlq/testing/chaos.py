@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..crawl.testing.sites import Hit, Site, SyntheticWeb
+from aiohttp.web import Request, Response, StreamResponse
+
+from ..crawl.testing.sites import Hit, Site, SyntheticWeb, page_html
 from ..errors import CrawlqError
 from .faults import with_backend
 
@@ -413,3 +415,63 @@ def backend_problems(url: str) -> list[str]:
         return with_backend(url, read)
     except CrawlqError as exc:
         return [f"cannot read the backend: {exc}"]
+
+
+# -- the case leases cannot cover ---------------------------------------------------------
+
+
+def frozen_mid_request(
+    backend: str, workdir: Path, *, lease: float = 2.0, answer_after: float = 5.0
+) -> Verdict:
+    """One site, one request at a time, two crawl processes. Its /page/1 takes
+    `answer_after` seconds (more than `lease`) to answer; the worker holding it is
+    SIGSTOPped as soon as the request arrives and continued once the answer is out. Its
+    lease runs out while its request is still open at the server, and the other worker,
+    given the page again, sends while it is: the overlap no lease can prevent (the queue
+    cannot know a frozen worker's request is still open)."""
+
+    async def slow(request: Request) -> StreamResponse:
+        await asyncio.sleep(answer_after)
+        return Response(text=page_html("slow", ["/page/2", "/page/3"]), content_type="text/html")
+
+    sites = [Site(name="slow.test", pages=10, routes={"/page/1": slow})]
+    with SyntheticWebThread(sites) as web:
+        command = crawl_command(
+            web, backend=backend, out=workdir / "out", concurrency=1, delay=0.0, lease=lease
+        )
+        fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
+        try:
+            for _ in range(2):
+                fleet.start()
+            deadline = time.monotonic() + 120
+            pid = None
+            while pid is None:
+                if time.monotonic() > deadline or not fleet.running:
+                    raise RuntimeError("no worker took /page/1")
+                if any(hit.path == "/page/1" for hit in list(web.hits)):
+                    pid = holder_of(backend, "/page/1")
+                time.sleep(POLL)
+            fleet.signal(pid, signal.SIGSTOP)
+            time.sleep(answer_after + 0.5)  # a span of time by definition: past the answer
+            fleet.signal(pid, signal.SIGCONT)
+            while fleet.running:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the crawl did not finish")
+                fleet.reap()
+                time.sleep(POLL)
+        finally:
+            fleet.close()
+        return judge(list(web.hits), web.expected_pages(), concurrency=1, interval=0.0)
+
+
+def holder_of(url: str, path: str) -> int | None:
+    """The pid of the worker holding the element whose key ends with `path`."""
+
+    async def read(backend: Backend) -> int | None:
+        for worker in await backend.workers():
+            for element in await backend.worker_elements(worker.id, limit=1_000_000):
+                if element.key.endswith(path):
+                    return worker.pid
+        return None
+
+    return with_backend(url, read)
