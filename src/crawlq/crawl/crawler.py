@@ -36,6 +36,8 @@ from .warc import DEFAULT_FILE_BYTES, RecordRef
 STORE = "crawlq.crawl.store"
 RECORDS = "crawlq.crawl.records"
 PAGES_FILE = "pages.jsonl"
+#: How many links a process remembers as already in the queue (scheduled, kept or seen).
+MAX_KNOWN_LINKS = 100_000
 WARC_DIR = "warc"
 
 
@@ -104,6 +106,10 @@ class Crawl:
         self.out.mkdir(parents=True, exist_ok=True)
         self.logins = dict(logins or {})
         self.stats = CrawlStats()
+        # Links this process has scheduled: the queue holds each (to do, done or dead), so
+        # scheduling it "only if new" again would change nothing. Skipping them saves the
+        # scope check, the budget and the backend's work for the links most pages repeat.
+        self._known: set[str] = set()
         self.budget = PageBudget(self.out, settings.max_pages)
         self.app = App(backend or f"sqlite:///{self.out / 'queue.db'}")
         self.app.limit("*", concurrency=settings.concurrency_per_domain, interval=settings.delay)
@@ -248,14 +254,21 @@ class Crawl:
         )
 
     async def _follow(self, ctx: Context, links: list[str], depth: int, exclude: set[str]) -> int:
-        scope = self.settings.scope
-        wanted = [link for link in links if link not in exclude and scope.refusal(link) is None]
+        scope, known = self.settings.scope, self._known
+        wanted = [
+            link
+            for link in links
+            if link not in known and link not in exclude and scope.refusal(link) is None
+        ]
         granted = await self.budget.reserve(len(wanted))
         if not granted:
             return 0
         elements: list[JSON] = [{"url": link, "depth": depth} for link in wanted[:granted]]
         result = await ctx.schedule_many(self.task, elements, only_if_new=True)
         await self.budget.refund(granted - result.added)
+        if len(known) + granted > MAX_KNOWN_LINKS:
+            known.clear()
+        known.update(wanted[:granted])
         return result.added
 
 

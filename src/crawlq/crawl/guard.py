@@ -42,6 +42,8 @@ _METADATA = frozenset(
     {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 )
 #: What inet_aton reads as an IPv4 address besides the dotted quad: 2130706433, 0x7f.1, 0177.1.
+#: How many hosts' `check_literal` answers a guard remembers.
+MAX_LITERAL_VERDICTS = 10_000
 _LEGACY_IPV4 = re.compile(r"[0-9][0-9a-fA-FxX.]*")
 
 
@@ -109,6 +111,7 @@ class AddressGuard:
         self.allow: tuple[Network, ...] = tuple(
             ipaddress.ip_network(network, strict=False) for network in allow
         )
+        self._literal_verdicts: dict[str, str | None] = {}  # host -> check_literal's answer
 
     def allowed(self, address: Address) -> bool:
         return any(
@@ -134,9 +137,19 @@ class AddressGuard:
         return None
 
     def check_literal(self, host: str) -> str | None:
-        """The refusal for a host that spells an address; None for a name or an allowed one."""
+        """The refusal for a host that spells an address; None for a name or an allowed one.
+        Answers are remembered per host (they depend on nothing else): a crawl asks about
+        the same few hosts for every page."""
+        try:
+            return self._literal_verdicts[host]
+        except KeyError:
+            pass
         address = literal_address(host)
-        return None if address is None else self.refusal(address, host)
+        verdict = None if address is None else self.refusal(address, host)
+        if len(self._literal_verdicts) >= MAX_LITERAL_VERDICTS:
+            self._literal_verdicts.clear()
+        self._literal_verdicts[host] = verdict
+        return verdict
 
 
 class GuardedResolver(AbstractResolver):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from selectolax.lexbor import LexborHTMLParser
 
-from .urls import absolute, canonicalize, origin_of
+from .urls import absolute, is_canonical, origin_of
 
 SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "ftp:")
 
@@ -29,7 +29,7 @@ def extract(html: str, url: str) -> PageLinks:
     if base_node is not None:
         resolved = absolute(url, base_node.attributes.get("href") or "")
         base = resolved or url
-    base_origin = origin_of(base) if canonicalize(base) == base else None
+    base_origin = origin_of(base) if is_canonical(base) else None
     nofollow = False
     for meta in tree.css("meta[name]"):
         name = (meta.attributes.get("name") or "").lower()

@@ -7,6 +7,7 @@ site cannot be crawled for now (a transient error, asked again after a short pau
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -35,7 +36,9 @@ class Rules:
     delay: float | None = None  # Crawl-delay or Request-rate, seconds per request
 
 
+@functools.lru_cache(maxsize=4096)
 def origin(url: str) -> str:
+    """scheme://netloc of `url`, lower-cased (remembered: a page asks it several times)."""
     parts = urlsplit(url)
     return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
 

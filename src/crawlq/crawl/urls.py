@@ -69,6 +69,24 @@ def canonicalize(url: str) -> str | None:
 _PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*/?)*")
 
 
+_LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+#: An http(s) URL `canonicalize` leaves as it is: lower-case ASCII host, a port (if any)
+#: written plainly, and a plain path (no query, no fragment, no userinfo).
+_PLAIN_URL = re.compile(
+    rf"(https?)://{_LABEL}(?:\.{_LABEL})*(?::([1-9][0-9]{{0,4}}))?{_PLAIN_PATH.pattern}"
+)
+
+
+def is_canonical(url: str) -> bool:
+    """Whether `canonicalize(url) == url`; the plain URL of a crawl is told without parsing."""
+    plain = _PLAIN_URL.fullmatch(url)
+    if plain is not None:
+        port = plain.group(2)
+        if port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[plain.group(1)]):
+            return True
+    return canonicalize(url) == url
+
+
 def origin_of(canonical: str) -> str | None:
     """scheme://netloc of a canonical URL (as `canonicalize` writes it), else None."""
     scheme, sep, rest = canonical.partition("://")
