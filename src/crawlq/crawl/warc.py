@@ -11,17 +11,18 @@ WARC-Target-URI, and the values of Set-Cookie, Cookie and Authorization headers.
 
 from __future__ import annotations
 
-import io
+import base64
+import hashlib
 import os
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
 from warcio.archiveiterator import ArchiveIterator
-from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from .decoding import decode_content, decode_text
@@ -29,6 +30,11 @@ from .redact import redact_header, redact_url
 from .response import _CHARSET, Response
 
 DEFAULT_FILE_BYTES = 1 << 30
+#: zlib's own default, as gzip's: records about 2% larger than at warcio's 9 for several
+#: times less CPU on big pages.
+DEFAULT_COMPRESS_LEVEL = 6
+WARC_VERSION = "WARC/1.0"
+_GZIP_WBITS = zlib.MAX_WBITS + 16  # a gzip member per record
 _DROPPED = frozenset({"transfer-encoding"})
 #: A stored body is inflated up to this size when read back.
 MAX_STORED_BODY = 1 << 30
@@ -79,6 +85,38 @@ def _ascii(text: str) -> str:
     return "".join(c if " " <= c <= "~" or c == "\t" else f"%{ord(c) & 0xFF:02X}" for c in text)
 
 
+def _digest(*parts: bytes) -> str:
+    sha1 = hashlib.sha1(usedforsecurity=False)
+    for part in parts:
+        sha1.update(part)
+    return "sha1:" + base64.b32encode(sha1.digest()).decode("ascii")
+
+
+def response_record(response: Response) -> bytes:
+    """The WARC `response` record of `response`, uncompressed: what warcio's
+    `create_warc_record(..., "response", ...)` writes, header for header, built directly
+    (warcio's builder cost the writing thread more than compressing the record did)."""
+    lines = [f"{response.http_version} {_ascii(f'{response.status} {response.reason}'.strip())}"]
+    for name, value in response.headers:
+        if name.lower() not in _DROPPED:
+            lines.append(f"{_ascii(name)}: {_ascii(redact_header(name, value))}")
+    lines.append("\r\n")
+    http = "\r\n".join(lines).encode("ascii")
+    body = response.raw
+    warc_headers = (
+        f"{WARC_VERSION}\r\n"
+        f"WARC-Date: {warc_date(response.fetched_at)}\r\n"
+        f"WARC-Record-ID: <urn:uuid:{uuid.uuid4()}>\r\n"
+        "WARC-Type: response\r\n"
+        f"WARC-Target-URI: {redact_url(response.url)}\r\n"
+        f"WARC-Payload-Digest: {_digest(body)}\r\n"
+        f"WARC-Block-Digest: {_digest(http, body)}\r\n"
+        "Content-Type: application/http; msgtype=response\r\n"
+        f"Content-Length: {len(http) + len(body)}\r\n\r\n"
+    )
+    return b"".join((warc_headers.encode("utf-8"), http, body, b"\r\n\r\n"))
+
+
 def warc_date(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -88,10 +126,18 @@ class RotatingWarcWriter:
     reaches `max_file_bytes`. Each process and each run writes files of its own. Not thread
     safe: one thread writes."""
 
-    def __init__(self, directory: Path, *, prefix: str = "crawlq", max_file_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        prefix: str = "crawlq",
+        max_file_bytes: int,
+        compress_level: int = DEFAULT_COMPRESS_LEVEL,
+    ) -> None:
         self.directory = directory
         self.prefix = prefix
         self.max_file_bytes = max_file_bytes
+        self.compress_level = compress_level
         self._run = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{os.getpid()}"
         self._sequence = 0
         self._file: BinaryIO | None = None
@@ -114,33 +160,16 @@ class RotatingWarcWriter:
     def write(self, response: Response, *, flush: bool = True) -> RecordRef:
         """Appends one record; `flush=False` leaves it in the file's buffer (call `flush()`
         after a batch)."""
-        file, writer = self._open()
-        headers = [
-            (_ascii(k), _ascii(redact_header(k, v)))
-            for k, v in response.headers
-            if k.lower() not in _DROPPED
-        ]
-        status_line = _ascii(f"{response.status} {response.reason}".strip())
-        http_headers = StatusAndHeaders(status_line, headers, protocol=response.http_version)
-        record = writer.create_warc_record(
-            redact_url(response.url),
-            "response",
-            payload=io.BytesIO(response.raw),
-            length=len(response.raw),
-            http_headers=http_headers,
-            warc_headers_dict={
-                "WARC-Date": warc_date(response.fetched_at),
-                "WARC-Record-ID": f"<urn:uuid:{uuid.uuid4()}>",
-            },
-        )
-        buffer = io.BytesIO()
-        WARCWriter(buffer, gzip=True).write_record(record)
+        file, _ = self._open()
+        compressor = zlib.compressobj(self.compress_level, zlib.DEFLATED, _GZIP_WBITS)
+        member = compressor.compress(response_record(response))
+        member += compressor.flush()
         offset = file.tell()
-        file.write(buffer.getbuffer())
+        file.write(member)
         if flush:
             file.flush()
-        ref = RecordRef(file=self._name, offset=offset, length=file.tell() - offset)
-        if file.tell() >= self.max_file_bytes:
+        ref = RecordRef(file=self._name, offset=offset, length=len(member))
+        if offset + len(member) >= self.max_file_bytes:
             self.close()
         return ref
 
