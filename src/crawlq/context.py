@@ -4,6 +4,7 @@ the worker's shared fetcher (`ctx.fetch(url)`: robots.txt, Retry-After and backo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -32,13 +33,20 @@ class Context:
         self.group = claimed.group
         self.attempt = claimed.attempt
         self.claimed_at = claimed.claimed_at
-        self.log = logging.LoggerAdapter(
-            logging.getLogger(f"crawlq.task.{claimed.queue}"),
-            {"queue": claimed.queue, "key": claimed.key, "attempt": claimed.attempt},
-        )
         self._backend = backend
         self._loop = asyncio.get_running_loop()
-        self.sync = SyncContext(self)
+
+    # made on first use: most tasks log nothing, and only sync tasks need `sync`
+    @functools.cached_property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        return logging.LoggerAdapter(
+            logging.getLogger(f"crawlq.task.{self.queue}"),
+            {"queue": self.queue, "key": self.key, "attempt": self.attempt},
+        )
+
+    @functools.cached_property
+    def sync(self) -> SyncContext:
+        return SyncContext(self)
 
     async def schedule(
         self,
