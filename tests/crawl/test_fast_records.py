@@ -92,7 +92,7 @@ def test_a_record_is_what_warcio_writes(
     response: Response, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record_id = uuid.UUID("12345678-1234-4678-9234-567812345678")
-    monkeypatch.setattr(warc.uuid, "uuid4", lambda: record_id)
+    monkeypatch.setattr("crawlq.crawl.warc.uuid.uuid4", lambda: record_id)
     assert response_record(response) == _warcio_record(response, record_id)
 
 
