@@ -180,7 +180,7 @@ def test_a_crawl_rides_out_redis_crashes(appendfsync: str, tmp_path: Path) -> No
     report = CrashReport()
     probes = Probes(f"{url}?namespace=probes", tmp_path)
     try:
-        plan = ChaosPlan(kills=0, stops=0, concurrency=1, lease=10.0, timeout=120)
+        plan = ChaosPlan(kills=0, stops=0, concurrency=1, lease=5.0, timeout=120)
         with SyntheticWebThread(chaos_sites(20, 50, latency=0.05)) as web:
 
             def crash() -> None:

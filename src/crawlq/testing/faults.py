@@ -56,9 +56,9 @@ LOOKUPS_AT_ONCE = 200
 # -- the writer -----------------------------------------------------------------------------
 
 
-def write_forever(url: str, journal: str, seed: int) -> None:
-    """The writer's entry point: runs until killed."""
-    asyncio.run(_write_forever(url, journal, seed))
+def write_forever(url: str, journal: str, seed: int, pause: float = 0.0) -> None:
+    """The writer's entry point: runs until killed, resting `pause` seconds each round."""
+    asyncio.run(_write_forever(url, journal, seed, pause))
 
 
 async def _retrying(call: Callable[[], Awaitable[T]]) -> T:
@@ -69,7 +69,7 @@ async def _retrying(call: Callable[[], Awaitable[T]]) -> T:
             await asyncio.sleep(RETRY_PAUSE)
 
 
-async def _write_forever(url: str, journal: str, seed: int) -> None:
+async def _write_forever(url: str, journal: str, seed: int, pause: float) -> None:
     rng = random.Random(seed)
     fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -105,6 +105,7 @@ async def _write_forever(url: str, journal: str, seed: int) -> None:
         note("+fail []")
         await _retrying(functools.partial(backend.fail, failures))
         note("ok")  # the rest stay leased, as a killed worker's would
+        await asyncio.sleep(pause)
 
 
 def _split(claimed: list[Claimed], rng: random.Random) -> tuple[list[Claimed], list[Claimed]]:
@@ -122,9 +123,11 @@ class WriterPool:
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload([__name__])
 
-    def start(self, url: str, journal: Path, seed: int) -> multiprocessing.process.BaseProcess:
+    def start(
+        self, url: str, journal: Path, seed: int, pause: float = 0.0
+    ) -> multiprocessing.process.BaseProcess:
         process = self._context.Process(
-            target=write_forever, args=(url, str(journal), seed), daemon=True
+            target=write_forever, args=(url, str(journal), seed, pause), daemon=True
         )
         process.start()
         return process
@@ -303,12 +306,15 @@ def kill_writers(
 class Probes:
     """Writers running beside a crawl, whose journals say what a Redis crash lost."""
 
-    def __init__(self, url: str, workdir: Path, *, count: int = 2, seed: int = 1) -> None:
+    def __init__(
+        self, url: str, workdir: Path, *, count: int = 2, seed: int = 1, pause: float = 0.02
+    ) -> None:
         self.url = url
         self.journals = [workdir / f"probe-{n}.txt" for n in range(count)]
         pool = WriterPool()
         self.processes = [
-            pool.start(url, journal, seed * 1000 + n) for n, journal in enumerate(self.journals)
+            pool.start(url, journal, seed * 1000 + n, pause)
+            for n, journal in enumerate(self.journals)
         ]
         deadline = time.monotonic() + 60
         while not all(read_journal(j).ready for j in self.journals):
