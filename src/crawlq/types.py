@@ -77,7 +77,8 @@ class ScheduleResult:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Claimed:
-    """An element leased to one worker. `attempt` doubles as the lease's fencing token."""
+    """An element leased to one worker. `attempt` and `claimed_at` together are the lease's
+    fencing token."""
 
     ref: int
     queue: str
