@@ -8,6 +8,7 @@ import gzip
 import socket
 from collections.abc import AsyncIterator
 
+import brotli
 import pytest
 from aiohttp import web
 
@@ -112,15 +113,16 @@ async def test_robots_txt_is_fetched_once_per_host_even_by_concurrent_requests(
     assert sorted(robots) == ["a.test", "b.test"]
 
 
-async def test_compressed_bodies_are_decoded_and_kept_raw(net: SyntheticWeb) -> None:
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+async def test_compressed_bodies_are_decoded_and_kept_raw(net: SyntheticWeb, coding: str) -> None:
     html = "<html><head><title>zipped</title></head><body>" + "x" * 5000 + "</body></html>"
-    packed = gzip.compress(html.encode())
-    net.sites["a.test"].routes["/gz"] = respond(200, packed, headers={"Content-Encoding": "gzip"})
+    packed = gzip.compress(html.encode()) if coding == "gzip" else brotli.compress(html.encode())
+    net.sites["a.test"].routes["/z"] = respond(200, packed, headers={"Content-Encoding": coding})
     async with Fetcher(fetch_settings(net)) as fetcher:
-        response = await fetcher.fetch(net.url("a.test", "/gz"))
+        response = await fetcher.fetch(net.url("a.test", "/z"))
     assert response.raw == packed
     assert response.text() == html
-    assert "gzip" in net.hits_for("a.test")[-1].headers["Accept-Encoding"]
+    assert coding in net.hits_for("a.test")[-1].headers["Accept-Encoding"]
 
 
 async def test_charsets_from_the_header_the_meta_tag_or_detection(net: SyntheticWeb) -> None:

@@ -6,12 +6,13 @@ import codecs
 import re
 import zlib
 
+import brotli
 import charset_normalizer
 
 from .errors import FetchError, Reason
 
 #: What servers may compress with; anything else they send is refused as BAD_ENCODING.
-ACCEPT_ENCODING = "gzip, deflate"
+ACCEPT_ENCODING = "gzip, deflate, br"
 
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?([A-Za-z0-9._:-]+)""", re.IGNORECASE)
 #: A meta charset must appear early in the document to count (as browsers do).
@@ -31,7 +32,7 @@ def decode_content(raw: bytes, encoding: str | None, *, max_bytes: int, url: str
             continue
         try:
             body = _inflate(body, coding, max_bytes, url)
-        except (zlib.error, OSError, ValueError) as exc:
+        except (zlib.error, brotli.error, OSError, ValueError) as exc:
             raise FetchError(Reason.BAD_ENCODING, url, f"corrupt {coding} body: {exc}") from exc
     return body
 
@@ -39,6 +40,8 @@ def decode_content(raw: bytes, encoding: str | None, *, max_bytes: int, url: str
 def _inflate(data: bytes, coding: str, max_bytes: int, url: str) -> bytes:
     """Inflates at most `max_bytes` + 1 bytes, whatever the ratio (gzip bodies of several
     members, as concatenated files are, count together)."""
+    if coding == "br":
+        return _unbrotli(data, max_bytes, url)
     if coding in ("gzip", "x-gzip"):
         wbits = 16 + zlib.MAX_WBITS
     elif coding == "deflate":
@@ -64,6 +67,15 @@ def _inflate(data: bytes, coding: str, max_bytes: int, url: str) -> bytes:
             break  # a truncated stream gives what it holds, as browsers show it
         data = inflater.unused_data
     return b"".join(parts)
+
+
+def _unbrotli(data: bytes, max_bytes: int, url: str) -> bytes:
+    """Brotli, at most `max_bytes` + 1 bytes out whatever the ratio."""
+    decompressor = brotli.Decompressor()
+    body: bytes = decompressor.process(data, output_buffer_limit=max_bytes + 1)
+    if len(body) > max_bytes or not decompressor.can_accept_more_data():
+        raise FetchError(Reason.TOO_LARGE, url, f"decoded body over {max_bytes} bytes")
+    return body
 
 
 def known_charset(name: str | None) -> str | None:

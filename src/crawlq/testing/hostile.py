@@ -20,8 +20,6 @@ import contextlib
 import datetime
 import functools
 import gzip
-import importlib
-import importlib.util
 import os
 import socket
 import ssl
@@ -31,6 +29,8 @@ import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import brotli
 
 from ..crawl.errors import Reason
 
@@ -55,7 +55,7 @@ EXPECTED: dict[str, Reason | None] = {
     "deflate-bomb": Reason.TOO_LARGE,
     "gzip-gzip-bomb": Reason.TOO_LARGE,  # gzip, gzip: a bomb inside a bomb
     "chunked-gzip-bomb": Reason.TOO_LARGE,  # the gzip bomb, chunked, no Content-Length
-    "br-bomb": Reason.BAD_ENCODING,  # brotli, which the fetcher does not ask for
+    "br-bomb": Reason.TOO_LARGE,
     "redirect-loop": Reason.REDIRECT_LOOP,  # a -> b -> a
     "redirect-chain": Reason.TOO_MANY_REDIRECTS,  # 1 -> 2 -> 3 -> ... forever
     "slow-redirect": Reason.TIMEOUT,  # each hop answers just before the read timeout
@@ -108,7 +108,7 @@ def bomb(coding: str, size: int) -> bytes:
     if coding == "gzip, gzip":
         return gzip.compress(bomb("gzip", size), 9)
     if coding == "br":
-        compressor = importlib.import_module("brotli").Compressor(quality=1)
+        compressor = brotli.Compressor(quality=1)
         parts = [compressor.process(bytes(_BLOCK)) for _ in range(max(1, size // _BLOCK))]
         return b"".join(parts) + bytes(compressor.finish())
     stream, inflated = _deflated_zeros(size)
@@ -122,10 +122,6 @@ def bomb(coding: str, size: int) -> bytes:
         crc = zlib.crc32(bytes(_BLOCK), crc)
     header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
     return header + stream + struct.pack("<II", crc, inflated & 0xFFFFFFFF)
-
-
-def brotli_available() -> bool:
-    return importlib.util.find_spec("brotli") is not None
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
@@ -176,9 +172,8 @@ class HostileServer:
 
     @property
     def kinds(self) -> list[str]:
-        """Every kind this server serves (br-bomb only where brotli is installed)."""
-        kinds = [k for k in EXPECTED if k not in TLS_KINDS or self.tls]
-        return [k for k in kinds if k != "br-bomb" or brotli_available()]
+        """Every kind this server serves."""
+        return [k for k in EXPECTED if k not in TLS_KINDS or self.tls]
 
     def url(self, kind: str, n: int = 0, *, host: str | None = None) -> str:
         name = host or self.name
@@ -189,8 +184,12 @@ class HostileServer:
         return f"http://{name}:{self.port}/{kind}/{n}"
 
     async def __aenter__(self) -> HostileServer:
-        codings = ["gzip", "deflate", "gzip, gzip"] + (["br"] if brotli_available() else [])
-        for coding in codings:  # ready before the first request, which must not wait
+        for coding in (
+            "gzip",
+            "deflate",
+            "gzip, gzip",
+            "br",
+        ):  # ready before the first request, which must not wait
             await asyncio.to_thread(bomb, coding, self.bomb_bytes)
         plain = await asyncio.start_server(self._accept, self.host, 0, limit=_CHUNK)
         self._servers.append(plain)
