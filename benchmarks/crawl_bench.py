@@ -470,10 +470,11 @@ Targets:
 
 Notes:
 
-- crawlq paces its own requests to a host {PACING} past the queue's interval, counted from
-  when the previous request's headers went out (robots.txt included): the server's arrival
-  stamps lag by a few milliseconds when many requests land at once, and without the margin
-  that showed as intervals of 0.499 s. The margin costs about 0.2 s over the polite crawl's
+- crawlq paces each request to a host (robots.txt included) {PACING} past the queue's
+  interval: it reserves its send time in the backend, after the last request any worker
+  reserved and after this worker's own last send; the server's arrival stamps lag by a few
+  milliseconds when many requests land at once, and without the margin that showed as
+  intervals of 0.499 s. The margin costs about 0.2 s over the polite crawl's
   20 intervals at most (the polite crawl's time against its lower bound is in the table).
 - A request can reach a host just after its 429/503 was answered and before the crawler has
   read that answer (up to 4 are in flight per host); those are counted as violations too,
