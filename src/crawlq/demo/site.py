@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from ..crawl.testing.proxy import ForwardProxy
+from ..crawl.testing.sites import peak_in_flight as peak_in_flight  # for the demo and its tests
 
 HOSTS = (
     "eu.acme.demo",
@@ -345,19 +346,3 @@ class DemoServers:
             await self._runner.cleanup()
         for sock in self._sockets:
             sock.close()
-
-
-def peak_in_flight(hits: list[Hit]) -> dict[str, int]:
-    """Per host, the most requests in flight at once, from the log's times alone."""
-    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for hit in hits:
-        events[hit.host].append((hit.at, 1))
-        events[hit.host].append((hit.ended if hit.ended is not None else float("inf"), -1))
-    peaks = {}
-    for host, changes in events.items():
-        current = peak = 0
-        for _, change in sorted(changes, key=lambda e: (e[0], e[1])):
-            current += change
-            peak = max(peak, current)
-        peaks[host] = peak
-    return peaks

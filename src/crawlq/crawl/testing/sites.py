@@ -11,8 +11,10 @@ import asyncio
 import hashlib
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 
@@ -33,6 +35,36 @@ class Hit:
     ended: float | None = None  # when the answer was ready
     status: int | None = None  # of the answer (None: the handler raised)
     retry_after: str | None = None  # the answer's Retry-After header, if any
+
+
+class Logged(Protocol):
+    """A request as a server's log has it: its host, when it arrived and was answered."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def at(self) -> float: ...
+
+    @property
+    def ended(self) -> float | None: ...
+
+
+def peak_in_flight(hits: Iterable[Logged]) -> dict[str, int]:
+    """Per host, the most requests in flight at once, from the log's times alone (a request
+    never answered stays in flight)."""
+    events: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for hit in hits:
+        events[hit.host].append((hit.at, 1))
+        events[hit.host].append((hit.ended if hit.ended is not None else float("inf"), -1))
+    peaks = {}
+    for host, changes in events.items():
+        current = peak = 0
+        for _, change in sorted(changes):
+            current += change
+            peak = max(peak, current)
+        peaks[host] = peak
+    return peaks
 
 
 @dataclass(kw_only=True)
@@ -126,15 +158,7 @@ class SyntheticWeb:
         ]
 
     def peak_concurrency(self, name: str) -> int:
-        events = []
-        for hit in self.hits_for(name):
-            events.append((hit.at, 1))
-            events.append((hit.ended if hit.ended is not None else float("inf"), -1))
-        peak = current = 0
-        for _, change in sorted(events, key=lambda e: (e[0], e[1])):
-            current += change
-            peak = max(peak, current)
-        return peak
+        return peak_in_flight(self.hits_for(name)).get(name, 0)
 
     async def __aenter__(self) -> SyntheticWeb:
         app = web.Application()
