@@ -122,10 +122,11 @@ class Pipeline:
                 await asyncio.to_thread(self.results.replace, name, response.url, [])
                 await self._next(ctx, name, response.url)
 
-            run.__name__ = run.__qualname__ = name
-            run.__doc__ = function.__doc__
-            task = self.app.task(
-                queue=name,
+            return self._add_stage(
+                name,
+                function,
+                run,
+                fetch=True,
                 group=group,
                 key=key,
                 retry=retry,
@@ -133,9 +134,7 @@ class Pipeline:
                 lease=lease,
                 timeout=timeout,
                 seen=seen,
-            )(run)
-            self.stages.append(Stage(name=name, task=task, fetch=True, index=len(self.stages)))
-            return task
+            )
 
         return declare
 
@@ -179,20 +178,36 @@ class Pipeline:
                     await call_task_function(functools.partial(step, ref=ref), False, ctx, response)
                 await self._next(ctx, name, ref)
 
-            run.__name__ = run.__qualname__ = name
-            run.__doc__ = function.__doc__
-            task = self.app.task(
-                queue=name,
+            return self._add_stage(
+                name,
+                function,
+                run,
+                fetch=False,
                 group=None,
                 retry=retry,
                 max_attempts=max_attempts,
                 lease=lease,
                 timeout=timeout,
-            )(run)
-            self.stages.append(Stage(name=name, task=task, fetch=False, index=index))
-            return task
+            )
 
         return declare
+
+    def _add_stage(
+        self,
+        name: str,
+        function: Callable[..., Any],
+        run: Callable[[Context, Any], Awaitable[None]],
+        *,
+        fetch: bool,
+        **options: Any,
+    ) -> Task[Any]:
+        """Registers `run` as the task of stage `name` (on the queue of that name, named
+        and documented as the user's `function`) and appends the stage."""
+        run.__name__ = run.__qualname__ = name
+        run.__doc__ = function.__doc__
+        task = self.app.task(queue=name, **options)(run)
+        self.stages.append(Stage(name=name, task=task, fetch=fetch, index=len(self.stages)))
+        return task
 
     def finish(self, function: Callable[[ResultsStore], Any]) -> Callable[[ResultsStore], Any]:
         """Marks `function(results)` as what runs once the stages are done (a report)."""
