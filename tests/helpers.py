@@ -61,3 +61,13 @@ def payloads(claimed: Sequence[Claimed]) -> list[str]:
 
 def url(host: str, n: int | str = 0) -> str:
     return f"http://{host}/page/{n}"
+
+
+async def fill_for_damage(backend: Backend) -> None:
+    """A little of every state (ready in two groups, delayed, running) and a clean check:
+    what the checker's damage tests then corrupt one way at a time."""
+    await backend.ensure_queues([config("pages")])
+    await schedule(backend, "pages", [url("a.test", i) for i in range(3)])
+    await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
+    await claim(backend, limit=1)
+    assert await backend.check() == []

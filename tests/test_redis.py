@@ -20,7 +20,7 @@ from crawlq.testing.redis_server import RedisServer
 from crawlq.types import Failure, Limit, LimitRule
 
 from .conftest import QUEUES
-from .helpers import ManualClock, claim, config, schedule, url
+from .helpers import ManualClock, claim, config, fill_for_damage, schedule, url
 
 
 @pytest.fixture
@@ -221,11 +221,7 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
     await backend.open()
     client = redis.Redis.from_url(redis_server.url)
     try:
-        await backend.ensure_queues([config("pages")])
-        await schedule(backend, "pages", [url("a.test", i) for i in range(3)])
-        await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
-        await claim(backend, limit=1)
-        assert await backend.check() == []
+        await fill_for_damage(backend)
         q = "{damage}:q:5:pages:"
         damages: list[tuple[Callable[[], object], str]] = [
             (lambda: client.hincrby(q + "n", "1", 1), "count of state 1"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from crawlq.backends import open_backend
 
-from .helpers import ManualClock, claim, config, schedule, url
+from .helpers import ManualClock, config, fill_for_damage, schedule, url
 
 
 async def test_the_checker_finds_each_kind_of_damage(tmp_path: Path, clock: ManualClock) -> None:
@@ -16,11 +16,7 @@ async def test_the_checker_finds_each_kind_of_damage(tmp_path: Path, clock: Manu
     backend = open_backend(f"sqlite:///{path}", clock=clock)
     await backend.open()
     try:
-        await backend.ensure_queues([config("pages")])
-        await schedule(backend, "pages", [url("a.test", i) for i in range(3)])
-        await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
-        await claim(backend, limit=1)
-        assert await backend.check() == []
+        await fill_for_damage(backend)
         damages = [
             ("UPDATE counts SET n = n + 1 WHERE state = 1", "count of state 1"),
             ("UPDATE groups SET running = running + 1 WHERE name = 'a.test'", "group a.test"),
