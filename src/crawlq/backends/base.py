@@ -87,6 +87,16 @@ class Backend(Protocol):
         spaces the starts of elements; this spaces the requests they send, which leave a
         variable few milliseconds after their claims."""
 
+    async def reserve_send_slot(
+        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+    ) -> tuple[float, float]:
+        """`reserve_send`, returning (the reserved time by the backend's clock, seconds from
+        now to it). With `replacing`, a time this method returned before for `group`: if it
+        is still the group's latest reservation, it moves to now (never earlier) and the
+        request may go at once, since nobody has reserved after it; otherwise a new time is
+        reserved as without it. A request about to be sent late on its reservation, when
+        another may have been reserved one gap after it, asks this instead of sending."""
+
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]: ...
 
     async def group_stats(

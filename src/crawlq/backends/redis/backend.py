@@ -419,7 +419,14 @@ class RedisBackend:
         await self._run("block", [group, until or False, reason or False])
 
     async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
-        return float(await self._run("reserve_send", [group, gap, earliest]))
+        return (await self.reserve_send_slot(group, gap, earliest))[1]
+
+    async def reserve_send_slot(
+        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+    ) -> tuple[float, float]:
+        mine = False if replacing is None else replacing
+        at, wait = await self._run("reserve_send", [group, gap, earliest, mine])
+        return float(at), float(wait)
 
     # -- introspection ------------------------------------------------------------------------
 

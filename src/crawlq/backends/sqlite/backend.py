@@ -172,8 +172,15 @@ class SQLiteBackend:
         self._wake.send(await self._call(self.engine.block_group, group, until, reason))
 
     async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
-        wait: float = await self._call(self.engine.reserve_send, group, gap, earliest)
-        return wait
+        return (await self.reserve_send_slot(group, gap, earliest))[1]
+
+    async def reserve_send_slot(
+        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+    ) -> tuple[float, float]:
+        slot: tuple[float, float] = await self._call(
+            self.engine.reserve_send, group, gap, earliest, replacing
+        )
+        return slot
 
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]:
         return await self._call(self.engine.queue_stats, queues)

@@ -542,12 +542,20 @@ class Engine:
             opened = self._settle(set(), {group_id}, now)
             return self._wake_addresses() if opened else []
 
-    def reserve_send(self, group: str, gap: float, earliest: float) -> float:
+    def reserve_send(
+        self, group: str, gap: float, earliest: float, replacing: float | None = None
+    ) -> tuple[float, float]:
+        """(the reserved time, seconds from now to it): Backend.reserve_send_slot."""
         with self.store.transaction():
             now = self.clock()
-            params = {"name": group, "earliest": now + earliest, "gap": gap}
-            reserved = float(self.store.value("send_reserve", params))
-            return max(0.0, reserved - now)
+            reserved = None
+            if replacing is not None:
+                params = {"name": group, "mine": replacing, "now": now}
+                reserved = self.store.value("send_replace", params)
+            if reserved is None:
+                params = {"name": group, "earliest": now + earliest, "gap": gap}
+                reserved = self.store.value("send_reserve", params)
+            return float(reserved), max(0.0, float(reserved) - now)
 
     # -- introspection ----------------------------------------------------------------------
 

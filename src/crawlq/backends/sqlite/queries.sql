@@ -211,6 +211,9 @@ INSERT INTO send_times (name, at) VALUES (:name, :earliest)
     ON CONFLICT (name) DO UPDATE SET at = max(:earliest, at + :gap)
     RETURNING at;
 
+-- name: send_replace
+UPDATE send_times SET at = max(at, :now) WHERE name = :name AND at = :mine RETURNING at;
+
 -- name: groups_all
 SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
 

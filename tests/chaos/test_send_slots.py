@@ -1,0 +1,84 @@
+"""Backend.reserve_send_slot on both backends: a request about to go out late on its
+reserved time takes it over at the current time only while nobody has reserved after it,
+and otherwise queues behind the latest reservation (politeness.py, fetcher.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+import pytest
+
+from crawlq.backends import Backend
+
+from ..helpers import ManualClock
+
+GAP = 0.5
+
+
+async def test_a_late_slot_still_the_latest_moves_to_now(
+    backend: Backend, clock: ManualClock
+) -> None:
+    first, wait = await backend.reserve_send_slot("slow.test", GAP)
+    assert (first, wait) == (pytest.approx(clock()), 0)
+    mine, wait = await backend.reserve_send_slot("slow.test", GAP)
+    assert (mine, wait) == (pytest.approx(first + GAP), pytest.approx(GAP))
+    clock.advance(GAP + 0.2)  # woken 0.2 s late: nobody reserved after it, so it goes now
+    moved, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert (moved, wait) == (pytest.approx(clock()), 0)
+    # The next request keeps the gap from the moved time, not from the stale one.
+    after, wait = await backend.reserve_send_slot("slow.test", GAP)
+    assert (after, wait) == (pytest.approx(moved + GAP), pytest.approx(GAP))
+    # The plain reserve_send follows the moved time as well.
+    assert await backend.reserve_send("slow.test", GAP) == pytest.approx(2 * GAP)
+
+
+async def test_a_late_slot_someone_reserved_after_gets_a_new_one(
+    backend: Backend, clock: ManualClock
+) -> None:
+    mine, _ = await backend.reserve_send_slot("slow.test", GAP)
+    theirs, _ = await backend.reserve_send_slot("slow.test", GAP)
+    clock.advance(0.3)  # late for mine, which is no longer the latest: never sent on it
+    fresh, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert fresh == pytest.approx(theirs + GAP)
+    assert wait == pytest.approx(theirs + GAP - clock())
+    # Replacing a time that was never reserved is a plain reservation too.
+    other, wait = await backend.reserve_send_slot("slow.test", GAP, 1.0, replacing=mine + 7)
+    assert other == pytest.approx(max(fresh + GAP, clock() + 1.0))
+
+
+async def test_an_early_replacement_never_moves_a_slot_earlier(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A worker whose clock runs ahead may think itself late while the backend's time has
+    not reached the slot yet: the slot keeps its time and the worker waits for it."""
+    await backend.reserve_send_slot("slow.test", GAP)
+    mine, _ = await backend.reserve_send_slot("slow.test", GAP)
+    kept, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert (kept, wait) == (pytest.approx(mine), pytest.approx(GAP))
+    assert await backend.reserve_send_slot("other.test", GAP, replacing=mine) == (
+        pytest.approx(clock()),
+        0,
+    )
+
+
+async def test_racing_late_requests_never_share_a_gap(backend: Backend, clock: ManualClock) -> None:
+    """Many workers reserve and replace at once, each replacement from a random earlier
+    answer; whatever the interleaving, the times each request finally went on (the last
+    slot it got) stay a gap apart."""
+    rng = random.Random(3)
+    final: list[float] = []
+
+    async def request() -> None:
+        at, _ = await backend.reserve_send_slot("slow.test", GAP)
+        for _ in range(rng.randrange(3)):
+            await asyncio.sleep(0)
+            clock.advance(rng.random() * GAP)
+            at, _ = await backend.reserve_send_slot("slow.test", GAP, replacing=at)
+        final.append(at)
+
+    await asyncio.gather(*(request() for _ in range(40)))
+    final.sort()
+    assert len(final) == 40
+    assert all(b - a >= GAP - 1e-9 for a, b in itertools.pairwise(final))
