@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 import sys
 from collections import Counter
@@ -31,6 +32,7 @@ from crawlq.crawl.testing.sites import page_html
 ADDRESS_PREFIX = "127.0.6."  # the sites: .1, .2, ...
 EGRESS = ("127.0.6.101", "127.0.6.102")  # where each proxy connects to the sites from
 PAGES = 5
+BIG = bytes(range(256)) * (3 * 2**12)  # 3 MiB, every byte value in turn: /big
 GUARD = 60.0  # seconds: only a failing test ever waits this long
 
 
@@ -44,7 +46,8 @@ class Request:
 class HttpsSites:
     """`async with HttpsSites(ca, ["a.test", ...]) as sites:` serves each name over https
     on an address of its own, with one certificate for all the names signed by `ca`. Page n
-    of PAGES links to page n+1; robots.txt is 404. `sites.requests` logs every request."""
+    of PAGES links to page n+1; /big is BIG; robots.txt is 404. `sites.requests` logs every
+    request."""
 
     def __init__(self, ca: trustme.CA, names: list[str]) -> None:
         self.ca = ca
@@ -76,6 +79,8 @@ class HttpsSites:
     async def _page(self, request: web.Request) -> web.Response:
         host = request.host.rsplit(":", 1)[0]
         self.requests.append(Request(host, request.path, str(request.remote)))
+        if request.path == "/big":
+            return web.Response(body=BIG, content_type="application/octet-stream")
         number = request.path.removeprefix("/page/")
         if not number.isdigit() or int(number) >= PAGES:
             return web.Response(status=404, text="not found")
@@ -135,6 +140,19 @@ async def test_an_https_page_comes_through_a_connect_tunnel(
         Request("open.test", "/robots.txt", EGRESS[0]),
         Request("open.test", "/page/0", EGRESS[0]),
     ]
+
+
+async def test_a_large_body_comes_through_the_tunnel_intact(
+    sites: HttpsSites, ca_file: str
+) -> None:
+    async with (
+        ForwardProxy(sites.addresses) as proxy,
+        fetcher(sites, [proxy], ca_file=ca_file) as client,
+    ):
+        response = await client.fetch(sites.url("open.test", "/big"), robots=False)
+    assert response.status == 200
+    assert response.body == BIG
+    assert proxy.requests == [tunnel(sites, "open.test")]
 
 
 async def test_https_requests_rotate_over_the_proxies(sites: HttpsSites, ca_file: str) -> None:
@@ -215,6 +233,45 @@ async def test_the_proxy_refuses_a_tunnel_to_a_network_it_does_not_allow(
     assert proxy.requests == [tunnel(sites, "open.test")]
     assert allowed.status == 200
     assert sites.requests == [Request("open.test", "/page/0", "127.0.0.1")]
+
+
+async def test_the_proxy_never_looks_up_a_name_it_was_not_given(
+    sites: HttpsSites, ca_file: str
+) -> None:
+    """Neither a tunnel nor a forwarded request to a name missing from the proxy's resolve
+    map leaves the machine: the proxy answers 403 without asking DNS."""
+    async with (
+        ForwardProxy({}) as proxy,
+        fetcher(sites, [proxy], ca_file=ca_file) as client,
+    ):
+        with pytest.raises(FetchError) as caught:
+            await client.fetch(sites.url("open.test"), robots=False)
+        plain = await client.fetch(f"http://open.test:{sites.ports['open.test']}/", robots=False)
+    assert caught.value.reason is Reason.NETWORK
+    assert "the proxy refused: 403" in caught.value.detail
+    assert plain.status == 403
+    assert proxy.refused == ["open.test", "open.test"]
+    assert proxy.requests == []
+    assert sites.requests == []
+
+
+async def test_a_site_that_does_not_answer_the_proxy_is_a_bad_gateway(
+    sites: HttpsSites, ca_file: str
+) -> None:
+    with socket.socket() as unused:  # a port nobody listens on
+        unused.bind((f"{ADDRESS_PREFIX}60", 0))
+        port = unused.getsockname()[1]
+    async with (
+        ForwardProxy({"gone.test": f"{ADDRESS_PREFIX}60"}) as proxy,
+        fetcher(
+            sites, [proxy], ca_file=ca_file, resolve={"gone.test": f"{ADDRESS_PREFIX}60"}
+        ) as client,
+    ):
+        with pytest.raises(FetchError) as caught:
+            await client.fetch(f"https://gone.test:{port}/", robots=False)
+    assert caught.value.reason is Reason.NETWORK
+    assert "the proxy refused: 502" in caught.value.detail
+    assert proxy.requests == [f"CONNECT gone.test:{port}"]
 
 
 async def test_a_tunnel_closes_when_either_side_closes() -> None:
