@@ -1,6 +1,7 @@
-"""Backend.reserve_send_slot on both backends: a request about to go out late on its
-reserved time takes it over at the current time only while nobody has reserved after it,
-and otherwise queues behind the latest reservation (politeness.py, fetcher.py)."""
+"""Send slots on both backends: a request about to go out late on its reserved time takes it
+over at the current time only while nobody has reserved after it, and otherwise queues
+behind the latest reservation (Backend.reserve_send_slot); Politeness.pace hands the
+request its slot, which it confirms right before it is written (politeness.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,20 @@ import random
 import pytest
 
 from crawlq.backends import Backend
+from crawlq.crawl.errors import Throttled
+from crawlq.crawl.politeness import (
+    MAX_PACING_MARGIN,
+    MAX_SLOT_TRIES,
+    PACING_MARGIN,
+    Politeness,
+    Slot,
+)
+from crawlq.types import Limit, LimitRule
 
 from ..helpers import ManualClock
 
 GAP = 0.5
+URL = "http://slow.test/page/1"
 
 
 async def test_a_late_slot_still_the_latest_moves_to_now(
@@ -82,3 +93,78 @@ async def test_racing_late_requests_never_share_a_gap(backend: Backend, clock: M
     final.sort()
     assert len(final) == 40
     assert all(b - a >= GAP - 1e-9 for a, b in itertools.pairwise(final))
+
+
+# -- the worker's side: Politeness.pace hands out a slot the request confirms --------------
+
+INTERVAL = 0.1
+
+
+async def paced(backend: Backend, clock: ManualClock) -> tuple[Politeness, float, Slot]:
+    """A Politeness on `backend` and `clock` with `slow.test` at INTERVAL, its gap, and the
+    slot of a first request it paced."""
+    rule = LimitRule(pattern="slow.test", limit=Limit(interval=INTERVAL))
+    await backend.set_limits([rule])
+    gap = INTERVAL + min(MAX_PACING_MARGIN, INTERVAL * PACING_MARGIN)
+    politeness = Politeness(backend, clock=clock)
+    slot = await politeness.pace("slow.test", URL)
+    assert slot is not None
+    return politeness, gap, slot
+
+
+async def test_a_request_on_time_goes_on_its_slot(backend: Backend, clock: ManualClock) -> None:
+    politeness, gap, slot = await paced(backend, clock)
+    reserved = slot.at
+    clock.advance(slot.tolerance)  # late, but within the tolerance
+    await slot.confirm()
+    assert (slot.at, politeness.late_sends) == (reserved, 0)
+    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(reserved + gap)
+
+
+async def test_a_late_request_takes_its_slot_over_at_the_current_time(
+    backend: Backend, clock: ManualClock
+) -> None:
+    politeness, gap, slot = await paced(backend, clock)
+    clock.advance(0.04)  # the event loop was busy, a connection had to be made...
+    await slot.confirm()
+    assert slot.at == pytest.approx(clock())
+    assert politeness.late_sends == 1
+    assert politeness.latest_send == pytest.approx(0.04)
+    # The next request counts from when this one really went.
+    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(clock() + gap)
+
+
+async def test_a_late_request_another_reserved_after_waits_for_a_new_slot(
+    backend: Backend, clock: ManualClock
+) -> None:
+    politeness, gap, slot = await paced(backend, clock)
+    theirs, _ = await backend.reserve_send_slot("slow.test", gap)  # another worker, on time
+    clock.advance(0.04)
+    await slot.confirm()  # sleeps (really) for the new slot; the manual clock stays
+    assert slot.at == pytest.approx(theirs + gap)
+    assert politeness.late_sends == 1
+
+
+async def test_a_second_request_on_one_slot_reserves_its_own(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A robots.txt redirect, or aiohttp sending again on a fresh connection."""
+    _, gap, slot = await paced(backend, clock)
+    first = slot.at
+    await slot.confirm()
+    clock.advance(gap)  # the first hop's answer took a gap: the second may go at once
+    await slot.confirm()
+    assert slot.at == pytest.approx(first + gap)
+
+
+async def test_a_request_always_late_is_put_back(backend: Backend, clock: ManualClock) -> None:
+    politeness, _, slot = await paced(backend, clock)
+
+    def dragging() -> float:  # every look at the clock finds it a second later
+        clock.advance(1.0)
+        return clock()
+
+    politeness.clock = dragging
+    with pytest.raises(Throttled, match="not sent on time"):
+        await slot.confirm()
+    assert slot.tries == MAX_SLOT_TRIES + 1

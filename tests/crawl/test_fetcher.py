@@ -4,6 +4,7 @@ charsets, proxies, logins."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import socket
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ from aiohttp import web
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher, Login, Session
 from crawlq.crawl.scope import Scope
-from crawlq.crawl.settings import Timeouts
+from crawlq.crawl.settings import FetchSettings, Timeouts
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, hang, redirect, respond
 
 from .conftest import fetch_settings
@@ -348,3 +349,68 @@ async def test_every_response_counts_in_the_worker_metrics(net: SyntheticWeb) ->
     # robots.txt of each host, the two pages, and the redirect hop
     assert counted("200") - before_ok >= 3
     assert counted("301") - before_redirects == 1
+
+
+# -- send slots: confirmed once the connection is in hand, before a byte is written --------
+
+
+@dataclasses.dataclass
+class Seen:
+    connections: int = 0
+    data: bytes = b""
+
+
+class Counting(asyncio.Protocol):
+    """Counts connections and keeps every byte; answers each request with an empty 200."""
+
+    def __init__(self, seen: Seen) -> None:
+        self.seen = seen
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.seen.connections += 1
+
+    def data_received(self, data: bytes) -> None:
+        self.seen.data += data
+        if data.endswith(b"\r\n\r\n") and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+
+async def test_each_request_confirms_its_own_slot_once_connected_before_a_byte_is_sent() -> None:
+    seen = Seen()
+    server = await asyncio.get_running_loop().create_server(lambda: Counting(seen), "127.0.0.1")
+    port = server.sockets[0].getsockname()[1]
+    confirmed: list[tuple[str, int, bytes]] = []
+
+    @dataclasses.dataclass
+    class Recording:
+        name: str
+
+        async def confirm(self) -> None:
+            confirmed.append((self.name, seen.connections, seen.data))
+
+    paced: list[str] = []
+
+    async def pace(hop: str) -> Recording:
+        paced.append(hop)
+        return Recording(f"slot {len(paced)}")
+
+    settings = FetchSettings(
+        resolve={"site.test": "127.0.0.1"}, resolve_only=True, allow_networks=("127.0.0.0/8",)
+    )
+    url = f"http://site.test:{port}/page"
+    try:
+        async with Fetcher(settings) as fetcher:
+            response = await fetcher.fetch(url, pace=pace)
+    finally:
+        server.close()
+    assert response.status == 200
+    assert paced == [url, url]  # robots.txt first, then the page
+    # robots.txt confirmed the first slot once connected, before any of its bytes went; the
+    # page confirmed the second, on the same connection, before any of its own.
+    assert confirmed == [("slot 1", 1, b""), ("slot 2", 1, confirmed[1][2])]
+    assert confirmed[1][2].startswith(b"GET /robots.txt ")
+    assert b"/page" not in confirmed[1][2]
+    assert b"GET /page " in seen.data

@@ -4,6 +4,11 @@ sessions (cookies, logins), redirects followed hop by hop, robots.txt, proxies, 
 Each hop is checked before it is requested (the caller's scope and politeness check, the
 SSRF guard, then robots.txt), so a redirect can never lead the crawler where it may not go;
 the connector's resolver refuses names that resolve to addresses the guard refuses (guard.py).
+
+Pacing (politeness.py) reserves each hop's send time before the hop; the hop holds that
+`SendSlot` and confirms it right before its bytes are written, once the connection is in
+hand, so a request that got there late (a slow event loop, a new TCP connection) never goes
+out on a time another request may be counting from.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -35,6 +42,20 @@ from .robots import RobotsCache
 from .settings import FetchSettings
 
 HopCheck = Callable[[str], Awaitable[None]]
+
+
+class SendSlot(Protocol):
+    """The time a request may be sent at, reserved before it was (Politeness.pace)."""
+
+    async def confirm(self) -> None:
+        """Returns when the request may be written at once: called right before its bytes
+        are, after the connection is in hand, with nothing awaited between the two. Raises
+        Throttled if it may not be sent soon enough."""
+
+
+#: `pace` runs right before each hop: it waits for the hop's turn and may hand back the
+#: slot the hop confirms right before writing.
+Pacer = Callable[[str], Awaitable[SendSlot | None]]
 LoginHook = Callable[["Session"], Awaitable[None]]
 ExpiredTest = Callable[[Response], bool]
 
@@ -122,6 +143,7 @@ class Fetcher:
         self._verdicts: dict[str, tuple[float, str | None]] = {}  # proxied host -> refusal
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
+        self._slot: ContextVar[SendSlot | None] = ContextVar("send_slot", default=None)
         self.robots = RobotsCache(
             self._fetch_robots, self.settings.user_agent, ttl=self.settings.robots_ttl
         )
@@ -239,15 +261,31 @@ class Fetcher:
         requests included; None if never."""
         return self._sent.get(host)
 
+    @contextmanager
+    def _sending_on(self, slot: SendSlot | None) -> Iterator[None]:
+        """The requests sent meanwhile by this task (robots.txt's and its redirects when
+        it is fetched for this hop) confirm `slot` right before they are written."""
+        token = self._slot.set(slot)
+        try:
+            yield
+        finally:
+            self._slot.reset(token)
+
     @functools.cached_property
     def _request_class(self) -> type[aiohttp.ClientRequest]:
-        """aiohttp's request, noting when its headers went out (what pacing counts from):
-        right after `send` has handed them to the connection. Cheaper than a TraceConfig,
-        which costs every request a dozen signal dispatches."""
+        """aiohttp's request, confirming its hop's send slot right before its bytes are
+        written (the connection is in hand by then; a GET's head is written within
+        `super().send`, with nothing awaited between), and noting when they went out, right
+        after. Cheaper than a TraceConfig, which costs every request a dozen signal
+        dispatches."""
         sent = self._sent
+        current_slot = self._slot
 
         class NotedRequest(aiohttp.ClientRequest):
             async def send(self, conn: Connection) -> aiohttp.ClientResponse:
+                slot = current_slot.get()
+                if slot is not None:
+                    await slot.confirm()
                 response = await super().send(conn)
                 host = self.url.host
                 if host is not None:
@@ -267,11 +305,12 @@ class Fetcher:
         headers: Mapping[str, str] | None = None,
         check: HopCheck | None = None,
         robots: bool | None = None,
-        pace: HopCheck | None = None,
+        pace: Pacer | None = None,
     ) -> Response:
         """Fetches `url`, following redirects: `check` then robots.txt approve each hop
         first, and `pace` runs right before each hop is sent (after any robots.txt request
-        it caused). Raises FetchError with a Reason; a response of any status is returned."""
+        it caused; the slot it returns is confirmed right before the hop's bytes are
+        written). Raises FetchError with a Reason; a response of any status is returned."""
         session = self.session(url)
         login = session.login
         if login is not None:
@@ -305,7 +344,7 @@ class Fetcher:
         check: HopCheck | None = None,
         robots: bool | None = None,
         follow: bool = True,
-        pace: HopCheck | None = None,
+        pace: Pacer | None = None,
     ) -> Response:
         """One request through `session` and its redirects; no login handling. The total
         timeout bounds the time spent sending and receiving all the hops together."""
@@ -322,19 +361,23 @@ class Fetcher:
                 parsed = _parsed(current)
                 await self._check_address(current, parsed)
                 if use_robots:
+                    slot = None
                     if pace is not None and not self.robots.known(current):
-                        await pace(current)  # the robots.txt request is paced like any other
-                    await self.robots.check(current)
-                if pace is not None:
-                    await pace(current)
+                        slot = await pace(current)  # robots.txt is paced like any request
+                    with self._sending_on(slot):
+                        await self.robots.check(current)
+                # Without `pace`, a hop goes on the slot this task holds, if any: robots.txt
+                # fetched for a paced hop is paced by that hop's `pace`.
+                slot = self._slot.get() if pace is None else await pace(current)
                 if spent >= total:
                     raise FetchError(
                         Reason.TIMEOUT, current, f"redirects took over the total timeout {total:g}s"
                     )
                 budget = total - spent
-                response = await self._send(
-                    session.client, method, current, parsed, data, headers, budget
-                )
+                with self._sending_on(slot):
+                    response = await self._send(
+                        session.client, method, current, parsed, data, headers, budget
+                    )
             except Throttled as exc:
                 raise Throttled(exc.url, exc.until, exc.detail, responses=history) from exc
             except FetchError as exc:

@@ -15,6 +15,17 @@ least the interval after the previous request any worker on any machine reserved
 group and after this worker's own last request to the host (robots.txt included), and waits
 for it (a few milliseconds as a rule; a wait longer than `MAX_PACING_WAIT` puts the page back
 in the queue as Throttled instead).
+
+Waking up on time is not sending on time: between the reserved time and the write the worker
+can be late by tens of milliseconds (a busy event loop, a new TCP connection, a loaded
+machine), while the next request, reserved one gap later, may be on time. So the request
+confirms its slot right before its bytes are written (`Slot.confirm`, called by the
+fetcher's request once the connection is in hand). Later than `SEND_TOLERANCE`, it does not
+go on the old time: if that is still the group's latest reservation, the backend moves it to
+now and the request goes at once (nobody counts from it yet); otherwise it takes a fresh slot
+and waits again (Backend.reserve_send_slot). Lateness is measured from when the reservation
+was asked for, plus the wait it returned, so it errs on the late side and needs no clock
+shared with the backend.
 """
 
 from __future__ import annotations
@@ -44,6 +55,11 @@ MAX_PACING_WAIT = 2.0
 #: MAX_PACING_MARGIN): the time from sending to the server's reading varies by milliseconds.
 PACING_MARGIN = 0.02
 MAX_PACING_MARGIN = 0.01
+#: A request at most this much later than its slot (and than half the margin) goes on it;
+#: later, it takes the slot over at the current time or waits for a new one (`Slot`).
+SEND_TOLERANCE = 0.002
+#: A request that cannot confirm a slot in time after this many tries is put back.
+MAX_SLOT_TRIES = 10
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
 
@@ -62,6 +78,53 @@ class Backoff:
         if failures < self.after:
             return None
         return min(self.cap, self.base * self.factor ** (failures - self.after))
+
+
+@dataclass(kw_only=True, slots=True)
+class Slot:
+    """One request's send time, reserved in the backend (`at`, by its clock), due `due` by
+    ours (no earlier than `at`); `SendSlot` for the fetcher."""
+
+    politeness: Politeness
+    group: str
+    url: str
+    gap: float
+    tolerance: float
+    fetcher: Fetcher | None = None
+    at: float = 0.0
+    due: float = 0.0
+    sent: bool = False  # confirmed once: another request on it (a redirect, a retry) needs its own
+    tries: int = 0  # of reservations, the first included
+
+    async def reserve(self, earliest: float, replacing: float | None = None) -> float:
+        """Reserves (or, with `replacing`, takes over) a time; returns the wait for it.
+        Throttled if that is more than MAX_PACING_WAIT away, or after MAX_SLOT_TRIES."""
+        clock = self.politeness.clock
+        asked = clock()
+        self.tries += 1
+        self.at, wait = await self.politeness.backend.reserve_send_slot(
+            self.group, self.gap, earliest, replacing=replacing
+        )
+        self.due = asked + wait
+        if wait > MAX_PACING_WAIT or self.tries > MAX_SLOT_TRIES:
+            why = "" if wait > MAX_PACING_WAIT else f", not sent on time in {self.tries} tries"
+            detail = f"group {self.group} interval {self.gap:g}s{why}"
+            raise Throttled(self.url, clock() + max(wait, self.gap), detail)
+        return wait
+
+    async def confirm(self) -> None:
+        politeness = self.politeness
+        if self.sent:  # a second request on one slot: it reserves its own
+            self.sent = False
+            await asyncio.sleep(await self.reserve(politeness.earliest(self)))
+        while (late := politeness.clock() - self.due) > self.tolerance:
+            politeness.late_sends += 1
+            politeness.latest_send = max(politeness.latest_send, late)
+            wait = await self.reserve(0.0, replacing=self.at)
+            if wait > 0:
+                await asyncio.sleep(wait)
+        self.sent = True
+        politeness.sent_at(self.group, self.due)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +172,8 @@ class Politeness:
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
+        self.late_sends = 0  # slots taken over or replaced: their request was late for them
+        self.latest_send = 0.0  # seconds: the latest a request was for its slot
         self._limits: list[LimitRule] | None = None
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
@@ -127,26 +192,39 @@ class Politeness:
             self._intervals[group] = interval
         return interval
 
-    async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> None:
+    async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> Slot | None:
         """Waits until `group`'s interval has passed since the last request to it that any
-        worker reserved (Backend.reserve_send), and since this worker's own last request to
-        `url`'s host (robots.txt included); Throttled if that is more than MAX_PACING_WAIT
-        away."""
+        worker reserved (Backend.reserve_send_slot), and since this worker's own last request
+        to `url`'s host (robots.txt included); Throttled if that is more than MAX_PACING_WAIT
+        away. Returns the slot the request confirms right before it is written (None: the
+        group has no interval)."""
         interval = await self.interval(group)
         if interval <= 0:
-            return
-        gap = interval + min(MAX_PACING_MARGIN, interval * PACING_MARGIN)
-        now = self.clock()
-        last = self._last_sent.get(group, 0.0)
-        if fetcher is not None:
-            last = max(last, fetcher.last_sent(url_host(url)) or 0.0)
-        wait = await self.backend.reserve_send(group, gap, max(0.0, last + gap - now))
-        if wait > MAX_PACING_WAIT:
-            raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
-        start = self.clock() + wait
-        self._last_sent[group] = start
+            return None
+        margin = min(MAX_PACING_MARGIN, interval * PACING_MARGIN)
+        slot = Slot(
+            politeness=self,
+            group=group,
+            url=url,
+            gap=interval + margin,
+            tolerance=min(SEND_TOLERANCE, margin / 2),
+            fetcher=fetcher,
+        )
+        wait = await slot.reserve(self.earliest(slot))
         if wait > 0:
             await asyncio.sleep(wait)
+        return slot
+
+    def earliest(self, slot: Slot) -> float:
+        """Seconds from now until the slot's gap has passed since this worker's own last
+        request to its group, and to its URL's host."""
+        last = self._last_sent.get(slot.group, 0.0)
+        if slot.fetcher is not None:
+            last = max(last, slot.fetcher.last_sent(url_host(slot.url)) or 0.0)
+        return max(0.0, last + slot.gap - self.clock())
+
+    def sent_at(self, group: str, when: float) -> None:
+        self._last_sent[group] = max(when, self._last_sent.get(group, 0.0))
 
     def blocked_until(self, group: str) -> float | None:
         until = self._blocked.get(group)
@@ -181,12 +259,13 @@ class Politeness:
             if until is not None:
                 raise Throttled(hop, until, f"group {hop_group} is paused")
 
-        async def pace(hop: str) -> None:
+        async def pace(hop: str) -> Slot | None:
             hop_group = group_of(hop)
-            await self.pace(hop_group, hop, fetcher)
+            slot = await self.pace(hop_group, hop, fetcher)
             until = self.blocked_until(hop_group)  # again: a 429 may have come meanwhile
             if until is not None:
                 raise Throttled(hop, until, f"group {hop_group} is paused")
+            return slot
 
         try:
             response = await fetcher.fetch(url, check=check, pace=pace, **options)

@@ -3,6 +3,14 @@ so each is its own politeness group; a static resolve map lets names like site1.
 them. Pages link to each other (every page reachable from /page/0), robots.txt, latency,
 injected errors and custom routes per site; every request is logged with its arrival and
 end time, so tests and benchmarks can check politeness from the server's side.
+
+What is stamped (epoch seconds, `time.time()` in the server's event loop):
+- `Hit.at`, the arrival: when the server's loop first read bytes of the request from its
+  connection (`data_received`, before any parsing or handler dispatch), so a loop busy with
+  other requests delays the stamp by the least it can; the first bytes read after the
+  previous request on that connection was answered. A request's bytes may still wait in the
+  kernel until the loop's next turn: that much lag remains.
+- `Hit.ended`, the end: when the handler's answer was ready, before it is written.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ class Hit:
     host: str
     method: str
     path: str  # with the query
-    at: float  # epoch seconds, when the request arrived
+    at: float  # epoch seconds, when the server first read bytes of the request
     peer: str
     headers: dict[str, str]
     cookies: dict[str, str]
@@ -128,6 +136,55 @@ def hang(release: asyncio.Event) -> Route:
     return handler
 
 
+class _Stamped(asyncio.Protocol):
+    """aiohttp's protocol for one connection, noting in `arrivals` when the bytes of each
+    request on it are first read; the handler takes the stamp (`SyntheticWeb._arrival`)."""
+
+    def __init__(self, inner: asyncio.Protocol, arrivals: dict[object, float]) -> None:
+        self.inner = inner
+        self.arrivals = arrivals
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.arrivals.setdefault(self.transport, time.time())
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.arrivals.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _StampedSite(web.SockSite):
+    """A SockSite whose connections stamp their requests' arrival (`_Stamped`)."""
+
+    def __init__(
+        self, runner: web.AppRunner, sock: socket.socket, arrivals: dict[object, float]
+    ) -> None:
+        super().__init__(runner, sock)
+        self._arrivals = arrivals
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Stamped(server(), self._arrivals), sock=self._sock
+        )
+
+
 class SyntheticWeb:
     """`async with SyntheticWeb([Site(name="a.test"), ...]) as net:`; then `net.url(name,
     path)`, `net.resolve` (for FetchSettings), `net.hits`."""
@@ -141,6 +198,7 @@ class SyntheticWeb:
         self._served: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self._sockets: list[socket.socket] = []
+        self._arrivals: dict[object, float] = {}  # transport -> its pending request's arrival
 
     @property
     def resolve(self) -> dict[str, str]:
@@ -173,7 +231,7 @@ class SyntheticWeb:
             self._sockets.append(sock)
             self.addresses[name] = address
             self.ports[name] = sock.getsockname()[1]
-            await web.SockSite(self._runner, sock).start()
+            await _StampedSite(self._runner, sock, self._arrivals).start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -188,7 +246,7 @@ class SyntheticWeb:
             host=host,
             method=request.method,
             path=request.path_qs,
-            at=time.time(),
+            at=self._arrivals.get(request.transport, time.time()),
             peer=str(request.remote),
             headers=dict(request.headers),
             cookies=dict(request.cookies),
@@ -201,6 +259,7 @@ class SyntheticWeb:
             return answer
         finally:
             hit.ended = time.time()
+            self._arrivals.pop(request.transport, None)  # the next request stamps afresh
 
     async def _answer(self, request: web.Request, host: str) -> web.StreamResponse:
         site = self.sites.get(host)
