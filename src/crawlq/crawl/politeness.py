@@ -23,9 +23,9 @@ confirms its slot right before its bytes are written (`Slot.confirm`, called by 
 fetcher's request once the connection is in hand). Later than `SEND_TOLERANCE`, it does not
 go on the old time: if that is still the group's latest reservation, the backend moves it to
 now and the request goes at once (nobody counts from it yet); otherwise it takes a fresh slot
-and waits again (Backend.reserve_send_slot). Lateness is measured from when the reservation
-was asked for, plus the wait it returned, so it errs on the late side and needs no clock
-shared with the backend.
+and waits again (Backend.reserve_send_slot), a few times at most (`MAX_SLOT_TRIES`). The
+slot's time is read by the worker's clock where it agrees with the backend's (one machine,
+or NTP), else bounded by when the reservation was asked for and answered.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ MAX_PACING_MARGIN = 0.01
 #: A request at most this much later than its slot (and than half the margin) goes on it;
 #: later, it takes the slot over at the current time or waits for a new one (`Slot`).
 SEND_TOLERANCE = 0.002
-#: A request that cannot confirm a slot in time after this many tries is put back.
-MAX_SLOT_TRIES = 10
+#: A late request tries this many times to take its slot over or get a new one in time.
+MAX_SLOT_TRIES = 3
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
 
@@ -82,8 +82,8 @@ class Backoff:
 
 @dataclass(kw_only=True, slots=True)
 class Slot:
-    """One request's send time, reserved in the backend (`at`, by its clock), due `due` by
-    ours (no earlier than `at`); `SendSlot` for the fetcher."""
+    """One request's send time, reserved in the backend (`at`, by its clock) and due `due` by
+    ours; `SendSlot` for the fetcher."""
 
     politeness: Politeness
     group: str
@@ -94,35 +94,43 @@ class Slot:
     at: float = 0.0
     due: float = 0.0
     sent: bool = False  # confirmed once: another request on it (a redirect, a retry) needs its own
-    tries: int = 0  # of reservations, the first included
 
     async def reserve(self, earliest: float, replacing: float | None = None) -> float:
         """Reserves (or, with `replacing`, takes over) a time; returns the wait for it.
-        Throttled if that is more than MAX_PACING_WAIT away, or after MAX_SLOT_TRIES."""
+
+        `due` is `at` read by our clock: the backend's time `at` if our clocks agree (it then
+        lies between when we asked plus the wait and when the answer came plus the wait),
+        else the nearer of those two bounds."""
         clock = self.politeness.clock
         asked = clock()
-        self.tries += 1
         self.at, wait = await self.politeness.backend.reserve_send_slot(
             self.group, self.gap, earliest, replacing=replacing
         )
-        self.due = asked + wait
-        if wait > MAX_PACING_WAIT or self.tries > MAX_SLOT_TRIES:
-            why = "" if wait > MAX_PACING_WAIT else f", not sent on time in {self.tries} tries"
-            detail = f"group {self.group} interval {self.gap:g}s{why}"
-            raise Throttled(self.url, clock() + max(wait, self.gap), detail)
+        self.due = min(max(self.at, asked + wait), clock() + wait)
         return wait
 
     async def confirm(self) -> None:
+        """Returns when the request may be written: on its slot, unless it is more than
+        `tolerance` late for it; then on its slot moved to now if nobody has reserved after
+        it, else on a fresh one, after waiting for it. After MAX_SLOT_TRIES such tries it
+        goes anyway (counted in `Politeness.late_unfixed`): never Throttled here, where
+        robots.txt's request would take it for the site being unavailable."""
         politeness = self.politeness
         if self.sent:  # a second request on one slot: it reserves its own
             self.sent = False
             await asyncio.sleep(await self.reserve(politeness.earliest(self)))
-        while (late := politeness.clock() - self.due) > self.tolerance:
+        for _ in range(MAX_SLOT_TRIES):
+            late = politeness.clock() - self.due
+            if late <= self.tolerance:
+                break
             politeness.late_sends += 1
             politeness.latest_send = max(politeness.latest_send, late)
             wait = await self.reserve(0.0, replacing=self.at)
             if wait > 0:
                 await asyncio.sleep(wait)
+        else:
+            if politeness.clock() - self.due > self.tolerance:
+                politeness.late_unfixed += 1
         self.sent = True
         politeness.sent_at(self.group, self.due)
 
@@ -174,6 +182,7 @@ class Politeness:
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
+        self.late_unfixed = 0  # requests sent late all the same, after MAX_SLOT_TRIES
         self._limits: list[LimitRule] | None = None
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
@@ -211,6 +220,8 @@ class Politeness:
             fetcher=fetcher,
         )
         wait = await slot.reserve(self.earliest(slot))
+        if wait > MAX_PACING_WAIT:
+            raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
         if wait > 0:
             await asyncio.sleep(wait)
         return slot
