@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import socket
+import threading
+import time
 
 import pytest
+from aiohttp import web
 
 from crawlq.backends import Backend
 from crawlq.crawl.politeness import (
@@ -19,6 +23,7 @@ from crawlq.crawl.politeness import (
     Politeness,
     Slot,
 )
+from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.types import Limit, LimitRule
 
 from ..helpers import ManualClock
@@ -170,3 +175,45 @@ async def test_a_request_late_at_every_try_goes_all_the_same_and_is_counted(
     politeness.clock = dragging
     await slot.confirm()
     assert (politeness.late_sends, politeness.late_unfixed) == (MAX_SLOT_TRIES, 1)
+
+
+# -- the judge's clock: a request is stamped when its bytes reach the server's host ------
+
+
+async def test_a_request_is_stamped_when_it_arrives_not_when_the_server_gets_to_it() -> None:
+    """The server's loop is held up by one request's handler while another request arrives
+    on a new connection: its stamp is the kernel's receive time, before the loop could even
+    accept the connection, so a busy server cannot make two requests look closer."""
+    entered, released = threading.Event(), threading.Event()
+    times: dict[str, float] = {}
+
+    async def hold_the_loop(request: web.Request) -> web.StreamResponse:
+        entered.set()
+        released.wait(60)  # blocks the server's event loop on purpose, until released
+        return web.Response(text="held")
+
+    def client(address: str, port: int) -> None:
+        head = "HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+        with socket.create_connection((address, port), timeout=60) as first:
+            first.sendall(f"GET /hold {head}".encode())
+            try:
+                assert entered.wait(60)
+                with socket.create_connection((address, port), timeout=60) as second:
+                    times["sent"] = time.time()
+                    second.sendall(f"GET /page/1 {head}".encode())
+                    times["released"] = time.time()
+                    released.set()
+                    assert second.recv(100).startswith(b"HTTP/1.1 200")
+            finally:
+                released.set()
+            assert first.recv(100).startswith(b"HTTP/1.1 200")
+
+    site = Site(name="a.test", pages=3, routes={"/hold": hold_the_loop})
+    async with SyntheticWeb([site]) as net:
+        thread = threading.Thread(
+            target=client, args=(net.addresses["a.test"], net.ports["a.test"])
+        )
+        thread.start()
+        await asyncio.to_thread(thread.join, 120)
+    (late,) = [hit for hit in net.hits if hit.path == "/page/1"]
+    assert times["sent"] <= late.at < times["released"]

@@ -5,19 +5,22 @@ injected errors and custom routes per site; every request is logged with its arr
 end time, so tests and benchmarks can check politeness from the server's side.
 
 What is stamped (epoch seconds, `time.time()` in the server's event loop):
-- `Hit.at`, the arrival: when the server's loop first read bytes of the request from its
-  connection (`data_received`, before any parsing or handler dispatch), so a loop busy with
-  other requests delays the stamp by the least it can; the first bytes read after the
-  previous request on that connection was answered. A request's bytes may still wait in the
-  kernel until the loop's next turn: that much lag remains.
+- `Hit.at`, the arrival: the kernel's receive time (SO_TIMESTAMPNS) of the first bytes of
+  the request read from its connection after the previous request on it was answered:
+  when its packet entered the server host's network stack, before the server process was
+  scheduled, its loop turned or its handler was dispatched, none of which delays it. Where
+  the system gives no such time, the loop's time of that read (`data_received`, before any
+  parsing or dispatch).
 - `Hit.ended`, the end: when the handler's answer was ready, before it is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
+import struct
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
@@ -136,12 +139,38 @@ def hang(release: asyncio.Event) -> Route:
     return handler
 
 
+#: Linux: each read of a socket with this option set comes with the kernel's receive time of
+#: its data (struct timespec), taken as the packet entered the host's network stack.
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
+
+
+class _StampingSocket(socket.socket):
+    """An accepted connection whose reads note the kernel's receive time of their data
+    (`received`, epoch seconds; None where the system gives none)."""
+
+    received: float | None = None
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancillary, _, _ = self.recvmsg(bufsize, socket.CMSG_SPACE(_TIMESPEC.size), flags)
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
+                self.received = seconds + nanoseconds / 1e9
+        return data
+
+
 class _Stamped(asyncio.Protocol):
     """aiohttp's protocol for one connection, noting in `arrivals` when the bytes of each
-    request on it are first read; the handler takes the stamp (`SyntheticWeb._arrival`)."""
+    request on it arrived: the kernel's receive time of the first read since the previous
+    request was answered (the loop's time of that read where there is none). The handler
+    takes the stamp, and clears it once it has answered."""
 
-    def __init__(self, inner: asyncio.Protocol, arrivals: dict[object, float]) -> None:
+    def __init__(
+        self, inner: asyncio.Protocol, sock: _StampingSocket, arrivals: dict[object, float]
+    ) -> None:
         self.inner = inner
+        self.sock = sock
         self.arrivals = arrivals
         self.transport: asyncio.BaseTransport | None = None
 
@@ -150,7 +179,10 @@ class _Stamped(asyncio.Protocol):
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.arrivals.setdefault(self.transport, time.time())
+        if self.transport not in self.arrivals:
+            now = time.time()
+            kernel = self.sock.received
+            self.arrivals[self.transport] = now if kernel is None else min(kernel, now)
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -168,21 +200,50 @@ class _Stamped(asyncio.Protocol):
 
 
 class _StampedSite(web.SockSite):
-    """A SockSite whose connections stamp their requests' arrival (`_Stamped`)."""
+    """A SockSite accepting its connections itself, as `_StampingSocket`s served through
+    `_Stamped`, so each request's arrival is the kernel's receive time of its bytes."""
 
     def __init__(
         self, runner: web.AppRunner, sock: socket.socket, arrivals: dict[object, float]
     ) -> None:
         super().__init__(runner, sock)
         self._arrivals = arrivals
+        self._connecting: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
+        self._sock.setblocking(False)
+        with contextlib.suppress(OSError):  # set before any connection: the kernel stamps
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # from then on
+        self._sock.listen(128)
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
         server = self._runner.server
         assert server is not None
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Stamped(server(), self._arrivals), sock=self._sock
-        )
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                accepted, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # out of descriptors, a connection reset before accept: the client retries
+            conn = _StampingSocket(fileno=accepted.detach())
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            task = loop.create_task(self._connect(_Stamped(server(), conn, self._arrivals)))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    async def _connect(self, protocol: _Stamped) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: protocol, protocol.sock)
+
+    async def stop(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        await super().stop()
 
 
 class SyntheticWeb:
