@@ -55,6 +55,7 @@ class ForwardProxy:
         self.refused: list[str] = []
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()  # one per client connection
+        self._streams: set[asyncio.StreamWriter] = set()  # every connection open, both sides
 
     @property
     def url(self) -> str:
@@ -68,10 +69,11 @@ class ForwardProxy:
     async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.close()
-            handlers = list(self._handlers)  # kept-alive connections and open tunnels
-            for handler in handlers:
-                handler.cancel()
-            await asyncio.gather(*handlers, return_exceptions=True)
+            # Kept-alive connections and open tunnels: cut, so that their handlers end (and
+            # close what they opened) on their own; cancelled, they would upset asyncio.
+            for stream in list(self._streams):
+                stream.transport.abort()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
 
     def _address(self, host: str) -> str | None:
@@ -91,12 +93,21 @@ class ForwardProxy:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         local = (self.egress, 0) if self.egress else None
         connecting = asyncio.open_connection(address, port, local_addr=local)
-        return await asyncio.wait_for(connecting, CONNECT_TIMEOUT)
+        reader, writer = await asyncio.wait_for(connecting, CONNECT_TIMEOUT)
+        self._streams.add(writer)
+        return reader, writer
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        self._streams.discard(writer)
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         handler = asyncio.current_task()
         assert handler is not None
         self._handlers.add(handler)
+        self._streams.add(writer)
         try:
             while await self._forward(reader, writer):
                 pass
@@ -105,10 +116,8 @@ class ForwardProxy:
         except ValueError:
             writer.write(BAD_REQUEST)  # not HTTP
         finally:
+            await self._close(writer)
             self._handlers.discard(handler)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Forwards one request; True if the client's connection stays open for another."""
@@ -158,9 +167,7 @@ class ForwardProxy:
             answer_head = await upstream_reader.readuntil(b"\r\n\r\n")
             answer_body = await upstream_reader.read()  # the site closes: the body ends there
         finally:
-            upstream_writer.close()
-            with contextlib.suppress(ConnectionError):
-                await upstream_writer.wait_closed()
+            await self._close(upstream_writer)
         status_line, *answer_lines = answer_head.decode("latin-1").split("\r\n")
         answer = [
             line
@@ -217,9 +224,7 @@ class ForwardProxy:
             for relay in relays:
                 relay.cancel()
             await asyncio.gather(*relays, return_exceptions=True)
-            site_writer.close()
-            with contextlib.suppress(ConnectionError):
-                await site_writer.wait_closed()
+            await self._close(site_writer)
 
 
 async def _relay(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
