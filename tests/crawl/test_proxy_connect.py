@@ -305,6 +305,32 @@ async def test_a_tunnel_closes_when_either_side_closes() -> None:
     assert proxy.requests == [f"CONNECT echo.test:{port}"] * 2
 
 
+async def test_the_proxy_closes_open_tunnels_when_it_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tunnel still open when the proxy stops is cut on both sides, and its handler ends
+    on its own (a cancelled one would make asyncio log an error)."""
+    address = f"{ADDRESS_PREFIX}51"
+    site_saw_the_end = asyncio.Event()
+
+    async def site(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        site_saw_the_end.set()
+        writer.close()
+
+    server = await asyncio.start_server(site, address, 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        async with ForwardProxy({"idle.test": address}) as proxy:
+            reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+            writer.write(f"CONNECT idle.test:{port} HTTP/1.1\r\n\r\n".encode())
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), GUARD)
+        assert await asyncio.wait_for(reader.read(), GUARD) == b""
+        await asyncio.wait_for(site_saw_the_end.wait(), GUARD)
+        writer.close()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 async def test_the_crawl_command_crawls_https_seeds_through_the_proxy(
     sites: HttpsSites, ca_file: str, tmp_path: Path
 ) -> None:
