@@ -42,7 +42,7 @@ class ForwardProxy:
         host: str = "127.0.0.1",
         *,
         egress: str | None = None,
-        allow: Iterable[str] = ("127.0.0.0/8",),
+        allow: Iterable[str] = ("127.0.0.0/8", "::1/128"),
     ) -> None:
         if not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"the test proxy listens on loopback only, not {host}")
