@@ -7,7 +7,6 @@ came through (the proxy itself sees only the tunnel, not the requests inside).""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import ssl
 import sys
@@ -352,9 +351,8 @@ async def test_the_crawl_command_crawls_https_seeds_through_the_proxy(
             "--allow-network",
             "127.0.0.0/8",
             "--no-progress",
-            # no --ca-file option: the CLI trusts the system's CAs, which OpenSSL reads
-            # from SSL_CERT_FILE when it is set
-            env={**os.environ, "SSL_CERT_FILE": ca_file},
+            "--ca-file",
+            ca_file,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -90,6 +90,12 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     help="Let requests reach this private or loopback network (repeatable); refused otherwise.",
 )
 @click.option("--proxy", "proxies", multiple=True, help="Egress proxy; several rotate.")
+@click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="CA bundle to verify https certificates with [default: the system's].",
+)
 @click.option("--user-agent", default=None, help="User-Agent header (and robots.txt agent).")
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds per request.")
 @click.option("--max-bytes", default=10 * 2**20, show_default=True, help="Largest body accepted.")
@@ -121,6 +127,7 @@ def crawl(
     resolve_only: bool,
     allow_networks: tuple[str, ...],
     proxies: tuple[str, ...],
+    ca_file: str | None,
     user_agent: str | None,
     timeout: float,
     max_bytes: int,
@@ -151,6 +158,7 @@ def crawl(
             timeouts=Timeouts(connect=min(10.0, timeout), read=timeout, total=timeout),
             max_bytes=max_bytes,
             proxies=proxies,
+            ca_file=ca_file,
             resolve=_resolve_map(resolve),
             resolve_only=resolve_only,
             allow_networks=allow_networks,
