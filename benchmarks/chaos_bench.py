@@ -65,6 +65,9 @@ class Size:
     writer_kills: int = 500
 
 
+#: How many of the shortest interval gaps each run lists, with the requests involved.
+SHORTEST = 5
+
 SMALL = Size(sites=20, pages=50, kills=5, stops=1, crashes=2, writer_kills=100)
 
 
@@ -104,6 +107,10 @@ def summary(result: ChaosResult) -> dict[str, Any]:
         "interval": v.count("interval"),
         "interval_robots": v.count("interval", robots=True),
         "min_gap": v.min_gap,
+        # Each concurrency violation with the requests it overlapped (path, arrival and
+        # answer, the worker's pid), and the shortest interval gaps likewise.
+        "concurrency_detail": v.explain("concurrency"),
+        "interval_shortest": v.explain("interval", SHORTEST),
         "lapsed": result.lapsed,
         "problems": result.problems,
         "process_failures": result.process_failures,
@@ -128,6 +135,17 @@ def worker_chaos(size: Size, scratch: Path) -> list[dict[str, Any]]:
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
+
+
+def violations_detail(rows: list[dict[str, Any]]) -> str:
+    """Every concurrency violation of the worker-chaos runs and their shortest interval
+    gaps, each with the requests involved (times in seconds from the run's first request)."""
+    lines = []
+    for r in rows:
+        where = f"{r['backend']}, {r['config']}"
+        lines += [f"- {where}: {line}" for line in r["concurrency_detail"]]
+        lines += [f"- {where}, shortest gap: {line}" for line in r["interval_shortest"]]
+    return "\n".join(lines) or "none"
 
 
 def _check(row: dict[str, Any]) -> str:
@@ -172,7 +190,7 @@ def frozen(scratch: Path) -> list[dict[str, Any]]:
             "pages": verdict.pages,
             "expected": verdict.expected,
             "duplicates": verdict.duplicates,
-            "concurrency": [f"{v.path}: {v.detail}" for v in verdict.violations],
+            "concurrency": verdict.explain("concurrency"),
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -185,10 +203,10 @@ def frozen_table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|",
     ]
     for r in rows:
-        found = "; ".join(r["concurrency"]) or "none"
+        found = "<br>".join(r["concurrency"]) or "none"
         lines.append(
             f"| {r['backend']} | {r['pages']}/{r['expected']} | {r['duplicates']}"
-            f" | {len(r['concurrency'])} ({found}) |"
+            f" | {len(r['concurrency'])}: {found} |"
         )
     return "\n".join(lines)
 
@@ -328,6 +346,12 @@ def main(argv: list[str] | None = None) -> None:
         if "worker" in parts:
             results["worker"] = worker_chaos(size, scratch)
             sections.append(("Worker chaos", worker_table(results["worker"])))
+            sections.append(
+                (
+                    "Worker chaos: the violations, with the requests involved",
+                    violations_detail(results["worker"]),
+                )
+            )
             results["frozen"] = frozen(scratch)
             sections.append(
                 (

@@ -137,12 +137,13 @@ def serve(spec: dict[str, Any], first: str, info: Path, log: Path) -> None:
                 await stop.wait()
         with log.open("w") as out:
             for h in web.hits:
-                out.write(json.dumps([h.host, h.path, h.at, h.ended, h.status, h.peer]) + "\n")
+                row = [h.host, h.path, h.at, h.ended, h.status, h.peer, h.port]
+                out.write(json.dumps(row) + "\n")
 
     latency = spec["latency"]
-    # The server's clock is the judge, and it stamps a request when its handler runs: kept
-    # off the CPU by the crawlers, it would stamp late and see requests bunch up that came
-    # apart. Real-time priority keeps it on time where the system allows it.
+    # The server's clock is the judge. It stamps a request with the kernel's receive time
+    # of its bytes (crawl.testing.sites), which the server's own scheduling cannot delay;
+    # real-time priority keeps its answers on time too, where the system allows it.
     with contextlib.suppress(OSError):
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
     asyncio.run(main())
@@ -188,9 +189,10 @@ class SiteServer:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(120)
         with self.log.open() as lines:
+            rows = map(json.loads, lines)
             return [
-                Hit(host=h, method="GET", path=p, at=a, ended=e, status=s, peer=peer, **EMPTY)
-                for h, p, a, e, s, peer in map(json.loads, lines)
+                Hit(host=h, method="GET", path=p, at=a, ended=e, status=s, peer=c, port=n, **EMPTY)
+                for h, p, a, e, s, c, n in rows
             ]
 
 
@@ -466,7 +468,9 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "missing": v.missing[:10],
         "requests": v.requests,
         "duplicates": v.duplicates,
-        "violations": [f"{x.kind} {x.host}{x.path}: {x.detail}" for x in v.violations],
+        # Each with the requests involved (arrival, answer, the host they came from).
+        "concurrency_detail": v.explain("concurrency"),
+        "interval_shortest": v.explain("interval", 10),
         "robots": outcome.robots,
         "held": len(outcome.held),
         "redelivered": outcome.redelivered,

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from crawlq.backends import Backend
+from crawlq.crawl.errors import Throttled
 from crawlq.crawl.politeness import (
     MAX_PACING_MARGIN,
     MAX_SLOT_TRIES,
@@ -23,7 +24,8 @@ from crawlq.crawl.politeness import (
     Politeness,
     Slot,
 )
-from crawlq.crawl.testing import Site, SyntheticWeb
+from crawlq.crawl.testing import Hit, Site, SyntheticWeb
+from crawlq.testing.chaos import Seen, judge
 from crawlq.types import Limit, LimitRule
 
 from ..helpers import ManualClock
@@ -119,7 +121,7 @@ async def paced(backend: Backend, clock: ManualClock) -> tuple[Politeness, float
 async def test_a_request_on_time_goes_on_its_slot(backend: Backend, clock: ManualClock) -> None:
     politeness, gap, slot = await paced(backend, clock)
     reserved = slot.at
-    clock.advance(slot.tolerance)  # late, but within the tolerance
+    clock.advance(slot.tolerance / 2)  # late, but within the tolerance
     await slot.confirm()
     assert (slot.at, politeness.late_sends) == (reserved, 0)
     assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(reserved + gap)
@@ -161,11 +163,9 @@ async def test_a_second_request_on_one_slot_reserves_its_own(
     assert slot.at == pytest.approx(first + gap)
 
 
-async def test_a_request_late_at_every_try_goes_all_the_same_and_is_counted(
+async def test_a_request_late_at_every_try_is_put_back_not_sent(
     backend: Backend, clock: ManualClock
 ) -> None:
-    """Never Throttled at the last moment: inside a robots.txt request that would read as
-    the site being unavailable."""
     politeness, _, slot = await paced(backend, clock)
 
     def dragging() -> float:  # every look at the clock finds it a second later
@@ -173,8 +173,9 @@ async def test_a_request_late_at_every_try_goes_all_the_same_and_is_counted(
         return clock()
 
     politeness.clock = dragging
-    await slot.confirm()
-    assert (politeness.late_sends, politeness.late_unfixed) == (MAX_SLOT_TRIES, 1)
+    with pytest.raises(Throttled, match="late for its slot after"):
+        await slot.confirm()
+    assert (politeness.late_sends, politeness.put_back) == (MAX_SLOT_TRIES, 1)
 
 
 # -- the judge's clock: a request is stamped when its bytes reach the server's host ------
@@ -217,3 +218,37 @@ async def test_a_request_is_stamped_when_it_arrives_not_when_the_server_gets_to_
         await asyncio.to_thread(thread.join, 120)
     (late,) = [hit for hit in net.hits if hit.path == "/page/1"]
     assert times["sent"] <= late.at < times["released"]
+
+
+def test_the_judge_names_the_requests_each_violation_involves() -> None:
+    def hit(path: str, at: float, ended: float | None, port: int) -> Hit:
+        return Hit(host="a.test", method="GET", path=path, at=at, ended=ended,
+                   peer="127.0.0.1", port=port, headers={}, cookies={})  # fmt: skip
+
+    hits = [
+        hit("/robots.txt", 100.0, 100.05, 5001),
+        hit("/page/0", 100.2, 100.6, 5001),
+        hit("/page/1", 100.25, 100.3, 5002),  # while /page/0 is open, 50 ms after it
+        hit("/page/2", 101.0, 101.1, 5003),
+    ]
+    workers = {("127.0.0.1", 5001): 11, ("127.0.0.1", 5002): 22}
+    expected = {("a.test", f"/page/{n}") for n in range(3)}
+    verdict = judge(hits, expected, concurrency=1, interval=0.1, workers=workers)
+    assert (verdict.count("concurrency"), verdict.count("interval")) == (1, 1)
+    (overlap,) = [v for v in verdict.violations if v.kind == "concurrency"]
+    assert overlap.request is not None
+    assert (overlap.request.path, overlap.request.worker) == ("/page/1", 22)
+    assert [(s.path, s.at, s.ended, s.worker) for s in overlap.overlapping] == [
+        ("/page/0", 100.2, 100.6, 11)
+    ]
+    assert verdict.explain("concurrency") == [
+        "concurrency at a.test: /page/1 [arrived 0.2500, answered 0.3000, pid 22] while open:"
+        " /page/0 [arrived 0.2000, answered 0.6000, pid 11] (1 requests still open)"
+    ]
+    (short,) = verdict.explain("interval")
+    assert short.startswith("interval at a.test: /page/1 [arrived 0.2500")
+    assert "too soon after: /page/0 [arrived 0.2000" in short
+    # A connection nobody saw the owner of: named by its address.
+    assert "[arrived 1.0000, answered 1.1000, from 127.0.0.1]" in Seen.of(
+        hits[3], workers
+    ).describe(verdict.started)

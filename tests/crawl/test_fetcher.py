@@ -13,7 +13,7 @@ import brotli
 import pytest
 from aiohttp import web
 
-from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher, Login, Session
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import FetchSettings, Timeouts
@@ -414,3 +414,27 @@ async def test_each_request_confirms_its_own_slot_once_connected_before_a_byte_i
     assert confirmed[1][2].startswith(b"GET /robots.txt ")
     assert b"/page" not in confirmed[1][2]
     assert b"GET /page " in seen.data
+
+
+async def test_a_robots_txt_request_put_back_by_its_slot_puts_the_page_back(
+    net: SyntheticWeb,
+) -> None:
+    """Not sent is not unavailable: the page is Throttled, robots.txt is not remembered as
+    failed, and the next try fetches it."""
+    refusals = [True]
+
+    class Late:
+        async def confirm(self) -> None:
+            if refusals and refusals.pop():
+                raise Throttled(net.url("a.test", "/robots.txt"), 0.0, "late for its slot")
+
+    async def pace(hop: str) -> Late:
+        return Late()
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        with pytest.raises(Throttled, match="late for its slot"):
+            await fetcher.fetch(net.url("a.test", "/page/1"), pace=pace)
+        assert net.hits_for("a.test") == []  # nothing was sent
+        response = await fetcher.fetch(net.url("a.test", "/page/1"), pace=pace)
+    assert response.status == 200
+    assert paths(net, "a.test") == ["/robots.txt", "/page/1"]

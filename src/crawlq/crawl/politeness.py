@@ -55,11 +55,12 @@ MAX_PACING_WAIT = 2.0
 #: MAX_PACING_MARGIN): the time from sending to the server's reading varies by milliseconds.
 PACING_MARGIN = 0.02
 MAX_PACING_MARGIN = 0.01
-#: A request at most this much later than its slot (and than half the margin) goes on it;
-#: later, it takes the slot over at the current time or waits for a new one (`Slot`).
+#: A request at most this much later than its slot (and than the margin) goes on it; later,
+#: it takes the slot over at the current time or waits for a new one (`Slot`).
 SEND_TOLERANCE = 0.002
-#: A late request tries this many times to take its slot over or get a new one in time.
-MAX_SLOT_TRIES = 3
+#: A late request tries this many times to take its slot over or get a new one in time,
+#: and is put back (Throttled) if it is still late.
+MAX_SLOT_TRIES = 5
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
 
@@ -112,9 +113,8 @@ class Slot:
     async def confirm(self) -> None:
         """Returns when the request may be written: on its slot, unless it is more than
         `tolerance` late for it; then on its slot moved to now if nobody has reserved after
-        it, else on a fresh one, after waiting for it. After MAX_SLOT_TRIES such tries it
-        goes anyway (counted in `Politeness.late_unfixed`): never Throttled here, where
-        robots.txt's request would take it for the site being unavailable."""
+        it, else on a fresh one, after waiting for it. Throttled (the page is put back) if
+        it is still late after MAX_SLOT_TRIES such tries: never sent late."""
         politeness = self.politeness
         if self.sent:  # a second request on one slot: it reserves its own
             self.sent = False
@@ -129,8 +129,14 @@ class Slot:
             if wait > 0:
                 await asyncio.sleep(wait)
         else:
-            if politeness.clock() - self.due > self.tolerance:
-                politeness.late_unfixed += 1
+            late = politeness.clock() - self.due
+            if late > self.tolerance:
+                politeness.put_back += 1
+                detail = (
+                    f"group {self.group}: still {late * 1000:.1f} ms late for its slot after"
+                    f" {MAX_SLOT_TRIES} tries (a loaded worker)"
+                )
+                raise Throttled(self.url, politeness.clock() + self.gap, detail)
         self.sent = True
         politeness.sent_at(self.group, self.due)
 
@@ -182,7 +188,7 @@ class Politeness:
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
-        self.late_unfixed = 0  # requests sent late all the same, after MAX_SLOT_TRIES
+        self.put_back = 0  # requests still late after MAX_SLOT_TRIES: not sent, put back
         self._limits: list[LimitRule] | None = None
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
@@ -216,7 +222,7 @@ class Politeness:
             group=group,
             url=url,
             gap=interval + margin,
-            tolerance=min(SEND_TOLERANCE, margin / 2),
+            tolerance=min(SEND_TOLERANCE, margin),
             fetcher=fetcher,
         )
         wait = await slot.reserve(self.earliest(slot))

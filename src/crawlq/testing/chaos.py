@@ -22,11 +22,12 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import psutil
 from aiohttp.web import Request, Response, StreamResponse
 
 from ..crawl.testing.sites import Hit, Site, SyntheticWeb, page_html
@@ -40,6 +41,8 @@ T = TypeVar("T")
 
 #: How often the controller looks at the server's log and its processes.
 POLL = 0.02
+#: How often the controller looks at which worker holds which connection (`Connections`).
+LOOK_EVERY = 0.5
 ROBOTS = "/robots.txt"
 
 
@@ -108,6 +111,28 @@ def chaos_sites(count: int, pages: int, latency: float) -> list[Site]:
 # -- judging from the server's log --------------------------------------------------------
 
 
+@dataclass(frozen=True, kw_only=True)
+class Seen:
+    """A request as the server's log has it, and the crawl process that sent it if known."""
+
+    path: str
+    at: float  # arrival, epoch seconds
+    ended: float | None  # answer ready (None: never answered)
+    peer: str  # the client's address
+    worker: int | None = None  # the pid of the process that sent it
+
+    @classmethod
+    def of(cls, hit: Hit, workers: Mapping[tuple[str, int], int]) -> Seen:
+        worker = None if hit.port is None else workers.get((hit.peer, hit.port))
+        return cls(path=hit.path, at=hit.at, ended=hit.ended, peer=hit.peer, worker=worker)
+
+    def describe(self, origin: float) -> str:
+        """One line, times in seconds from `origin`."""
+        end = "never answered" if self.ended is None else f"answered {self.ended - origin:.4f}"
+        who = f"pid {self.worker}" if self.worker is not None else f"from {self.peer}"
+        return f"{self.path} [arrived {self.at - origin:.4f}, {end}, {who}]"
+
+
 @dataclass(kw_only=True)
 class Violation:
     kind: str  # "concurrency" or "interval"
@@ -116,6 +141,19 @@ class Violation:
     at: float
     detail: str
     robots: bool  # a robots.txt request is one of the two
+    request: Seen | None = None  # the request that broke the limit
+    overlapping: list[Seen] = field(default_factory=list)  # those it came too soon after
+
+    def describe(self, origin: float) -> str:
+        """The violation and every request involved, one line, times from `origin`."""
+        if self.request is None:
+            return f"{self.kind} {self.host}{self.path}: {self.detail}"
+        others = "; ".join(seen.describe(origin) for seen in self.overlapping)
+        relation = "while open" if self.kind == "concurrency" else "too soon after"
+        return (
+            f"{self.kind} at {self.host}: {self.request.describe(origin)} {relation}:"
+            f" {others} ({self.detail})"
+        )
 
 
 @dataclass(kw_only=True)
@@ -127,6 +165,7 @@ class Verdict:
     duplicates: int  # page requests answered 200 beyond the first, per page
     violations: list[Violation]
     min_gap: float | None
+    started: float = 0.0  # the first request's arrival: what `explain` counts times from
 
     def count(self, kind: str, *, robots: bool | None = None) -> int:
         """Violations of `kind`; with `robots`, only those (not) involving robots.txt."""
@@ -134,38 +173,55 @@ class Verdict:
             1 for v in self.violations if v.kind == kind and (robots is None or v.robots == robots)
         )
 
+    def explain(self, kind: str, limit: int | None = None) -> list[str]:
+        """The violations of `kind`, one line each with the requests involved: in order of
+        arrival for concurrency, the shortest gaps first for the interval (at most `limit`)."""
+        chosen = [v for v in self.violations if v.kind == kind]
+        if kind == "interval":
+            chosen.sort(key=_gap_of)
+        return [v.describe(self.started) for v in chosen[:limit]]
+
+
+def _gap_of(violation: Violation) -> float:
+    if violation.request is None or not violation.overlapping:
+        return 0.0
+    return violation.request.at - violation.overlapping[-1].at
+
 
 def judge(
-    hits: Sequence[Hit], expected: set[tuple[str, str]], *, concurrency: int, interval: float
+    hits: Sequence[Hit],
+    expected: set[tuple[str, str]],
+    *,
+    concurrency: int,
+    interval: float,
+    workers: Mapping[tuple[str, int], int] | None = None,
 ) -> Verdict:
     """Politeness from the server's side: a request arriving while `concurrency` others to
     its host were unanswered, or less than `interval` seconds after the previous arrival at
-    its host (robots.txt requests are requests too)."""
+    its host (robots.txt requests are requests too). Each violation names the requests
+    involved, and the crawl process that sent each where `workers` ((client address, port)
+    -> pid) knows it."""
+    owners = workers or {}
     by_host: dict[str, list[Hit]] = defaultdict(list)
     for hit in hits:
         by_host[hit.host].append(hit)
     violations: list[Violation] = []
     min_gap: float | None = None
-    for host, rows in by_host.items():
+    for rows in by_host.values():
         rows.sort(key=lambda h: h.at)
-        open_ends: list[float] = []
+        still_open: list[Hit] = []
         for hit in rows:
-            open_ends = [end for end in open_ends if end > hit.at]
-            if len(open_ends) >= concurrency:
-                detail = f"{len(open_ends)} requests still open"
-                violations.append(Violation(kind="concurrency", host=host, path=hit.path,
-                                            at=hit.at, detail=detail,
-                                            robots=hit.path == ROBOTS))  # fmt: skip
-            open_ends.append(hit.ended if hit.ended is not None else float("inf"))
+            still_open = [h for h in still_open if h.ended is None or h.ended > hit.at]
+            if len(still_open) >= concurrency:
+                detail = f"{len(still_open)} requests still open"
+                violations.append(_violation("concurrency", hit, still_open, detail, owners))
+            still_open.append(hit)
         for earlier, later in itertools.pairwise(rows):
             gap = later.at - earlier.at
             min_gap = gap if min_gap is None else min(min_gap, gap)
             if gap < interval:
                 detail = f"{gap * 1000:.1f} ms after {earlier.path}"
-                robots = ROBOTS in (earlier.path, later.path)
-                violations.append(Violation(kind="interval", host=host, path=later.path,
-                                            at=later.at, detail=detail,
-                                            robots=robots))  # fmt: skip
+                violations.append(_violation("interval", later, [earlier], detail, owners))
     answered = Counter(
         (h.host, h.path) for h in hits if h.status == 200 and h.path != "/robots.txt"
     )
@@ -178,7 +234,54 @@ def judge(
         duplicates=sum(n - 1 for n in answered.values()),
         violations=sorted(violations, key=lambda v: v.at),
         min_gap=min_gap,
+        started=min((h.at for h in hits), default=0.0),
     )
+
+
+def _violation(
+    kind: str,
+    hit: Hit,
+    others: list[Hit],
+    detail: str,
+    owners: Mapping[tuple[str, int], int],
+) -> Violation:
+    """`hit` breaking a limit because of `others`; robots.txt is one of them, or not."""
+    return Violation(
+        kind=kind,
+        host=hit.host,
+        path=hit.path,
+        at=hit.at,
+        detail=detail,
+        robots=any(h.path == ROBOTS for h in (hit, *others)),
+        request=Seen.of(hit, owners),
+        overlapping=[Seen.of(h, owners) for h in others],
+    )
+
+
+class Connections:
+    """Which crawl process has which connection to the synthetic web, so the judge can name
+    the worker behind a request: looked at (psutil) every LOOK_EVERY seconds and right
+    before a process is killed. A connection opened and closed between two looks stays
+    unnamed."""
+
+    def __init__(self, web: SyntheticWebThread) -> None:
+        self.web = web
+        self.owners: dict[tuple[str, int], int] = {}  # (client address, port) -> pid
+        self._looked = 0.0
+
+    def look(self, pids: Iterable[int], *, now: bool = False) -> None:
+        if not now and time.monotonic() - self._looked < LOOK_EVERY:
+            return
+        self._looked = time.monotonic()
+        ports = set(self.web.net.ports.values())
+        for pid in pids:
+            try:
+                connections = psutil.Process(pid).net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            for conn in connections:
+                if conn.raddr and conn.raddr.port in ports:
+                    self.owners[(conn.laddr.ip, conn.laddr.port)] = pid
 
 
 # -- the worker processes -----------------------------------------------------------------
@@ -324,6 +427,7 @@ def run_worker_chaos(
         lease=plan.lease,
     )
     fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
+    connections = Connections(web)
     stopped: dict[int, float] = {}  # pid -> when to continue it
     kills = stops = started = held = 0
     began = time.monotonic()
@@ -350,6 +454,7 @@ def run_worker_chaos(
                         stopped[pid] = time.monotonic() + plan.stop_for
                         stops += 1
                     else:
+                        connections.look([pid], now=True)
                         fleet.kill(pid)
                         kills += 1
                         fleet.start()
@@ -357,6 +462,7 @@ def run_worker_chaos(
                     held += held_by(backend, pid)  # it changes nothing until continued
             if other_faults and web.pages_seen() >= other_faults[0][0]:
                 other_faults.pop(0)[1]()
+            connections.look(fleet.running)
             fleet.reap()
             time.sleep(POLL)
     finally:
@@ -364,7 +470,13 @@ def run_worker_chaos(
             fleet.signal(pid, signal.SIGCONT)
         fleet.close()
     seconds = time.monotonic() - began
-    verdict = judge(list(web.hits), expected, concurrency=plan.concurrency, interval=plan.delay)
+    verdict = judge(
+        list(web.hits),
+        expected,
+        concurrency=plan.concurrency,
+        interval=plan.delay,
+        workers=connections.owners,
+    )
     logs = [path.read_text(errors="replace") for path in sorted((workdir / "logs").iterdir())]
     return ChaosResult(
         verdict=verdict,
@@ -440,6 +552,7 @@ def frozen_mid_request(
             web, backend=backend, out=workdir / "out", concurrency=1, delay=0.0, lease=lease
         )
         fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
+        connections = Connections(web)
         try:
             for _ in range(2):
                 fleet.start()
@@ -450,18 +563,24 @@ def frozen_mid_request(
                     raise RuntimeError("no worker took /page/1")
                 if any(hit.path == "/page/1" for hit in list(web.hits)):
                     pid = holder_of(backend, "/page/1")
+                connections.look(fleet.running)
                 time.sleep(POLL)
+            connections.look(fleet.running, now=True)
             fleet.signal(pid, signal.SIGSTOP)
             time.sleep(answer_after + 0.5)  # a span of time by definition: past the answer
             fleet.signal(pid, signal.SIGCONT)
             while fleet.running:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the crawl did not finish")
+                connections.look(fleet.running)
                 fleet.reap()
                 time.sleep(POLL)
         finally:
             fleet.close()
-        return judge(list(web.hits), web.expected_pages(), concurrency=1, interval=0.0)
+        hits = list(web.hits)
+        return judge(
+            hits, web.expected_pages(), concurrency=1, interval=0.0, workers=connections.owners
+        )
 
 
 def holder_of(url: str, path: str) -> int | None:

@@ -40,12 +40,13 @@ class Hit:
     method: str
     path: str  # with the query
     at: float  # epoch seconds, when the server first read bytes of the request
-    peer: str
+    peer: str  # the client's address
     headers: dict[str, str]
     cookies: dict[str, str]
     ended: float | None = None  # when the answer was ready
     status: int | None = None  # of the answer (None: the handler raised)
     retry_after: str | None = None  # the answer's Retry-After header, if any
+    port: int | None = None  # the client's port: with `peer`, its connection
 
 
 class Logged(Protocol):
@@ -153,11 +154,36 @@ class _StampingSocket(socket.socket):
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data, ancillary, _, _ = self.recvmsg(bufsize, socket.CMSG_SPACE(_TIMESPEC.size), flags)
-        for level, kind, raw in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
-                self.received = seconds + nanoseconds / 1e9
+        self.received = _kernel_time(ancillary)
         return data
+
+
+def _kernel_time(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            seconds, nanoseconds = _TIMESPEC.unpack(raw[: _TIMESPEC.size])
+            return float(seconds + nanoseconds / 1e9)
+    return None
+
+
+async def kernel_stamps(timeout: float = 5.0) -> bool:
+    """Waits until the kernel stamps the TCP data it receives, which it starts doing a moment
+    after a socket first asks (a deferred switch); False if it does not within `timeout`."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        with socket.create_connection(listener.getsockname()) as client:
+            server, _ = listener.accept()
+            with server:
+                server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                deadline = time.monotonic() + timeout
+                while True:
+                    client.sendall(b"?")
+                    _, ancillary, _, _ = server.recvmsg(16, socket.CMSG_SPACE(_TIMESPEC.size))
+                    if _kernel_time(ancillary) is not None:
+                        return True
+                    if time.monotonic() > deadline:
+                        return False
+                    await asyncio.sleep(0.005)
 
 
 class _Stamped(asyncio.Protocol):
@@ -293,6 +319,8 @@ class SyntheticWeb:
             self.addresses[name] = address
             self.ports[name] = sock.getsockname()[1]
             await _StampedSite(self._runner, sock, self._arrivals).start()
+        with contextlib.suppress(OSError):
+            await kernel_stamps()  # the sites asked for it: from now on, requests get it
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -309,6 +337,7 @@ class SyntheticWeb:
             path=request.path_qs,
             at=self._arrivals.get(request.transport, time.time()),
             peer=str(request.remote),
+            port=_peer_port(request),
             headers=dict(request.headers),
             cookies=dict(request.cookies),
         )
@@ -363,3 +392,8 @@ class SyntheticWeb:
         status = 429 if kind == 1 else 503
         headers = {"Retry-After": str(site.retry_after)}
         return web.Response(status=status, text="slow down", headers=headers)
+
+
+def _peer_port(request: web.Request) -> int | None:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return peer[1] if isinstance(peer, tuple) and len(peer) >= 2 else None
