@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +14,7 @@ import crawlq
 from crawlq.errors import ConfigError
 from crawlq.pipeline import Pipeline, Record, StoredResponse
 from crawlq.results import ResultsStore, export
-from crawlq.types import JSON, GroupBy
+from crawlq.types import JSON, Claimed, GroupBy
 
 
 @pytest.fixture
@@ -130,3 +130,45 @@ def test_a_pipeline_declares_its_fetch_stage_first_and_refuses_to_reprocess_it(
     assert pipeline.inputs("parse", ["*.csv"]) == ["http://a.test/1.csv"]
     assert pipeline.of(app) is pipeline
     pipeline.results.close()
+
+
+async def test_follow_up_work_is_written_just_before_the_ack_and_only_on_success(
+    tmp_path: Path,
+) -> None:
+    """`ctx.schedule_with_ack` (how a stage schedules the next): the follow-up is in the queue
+    when the task's ack is written, and a failed attempt schedules nothing."""
+    app = crawlq.App(f"sqlite:///{tmp_path / 'q.db'}")
+    ran: list[int] = []
+
+    @app.task()
+    async def after(ctx: crawlq.Context, n: int) -> None:
+        ran.append(n)
+
+    @app.task(retry=crawlq.Retry(max_attempts=2, base=0, jitter=0))
+    async def first(ctx: crawlq.Context, n: int) -> None:
+        await ctx.schedule_with_ack(after, [n * 10 + ctx.attempt])
+        if ctx.attempt == 1 and n % 2:
+            raise RuntimeError("fails once")
+
+    backend = await app.backend()
+    acked = backend.ack
+    followed_at_ack: list[bool] = []
+
+    async def ack(elements: Sequence[Claimed]) -> None:
+        for element in elements:
+            if element.queue == "first":
+                follow = json.loads(element.payload) * 10 + element.attempt
+                followed_at_ack.append(await backend.element("after", str(follow)) is not None)
+        await acked(elements)
+
+    backend.ack = ack  # type: ignore[method-assign]
+    try:
+        await app.aschedule_many(first, list(range(10)))
+        stats = await crawlq.Worker(app, burst=True, burst_horizon=1).run()
+        assert stats.by_queue == {"first": 10, "after": 10}
+        assert stats.failed == 5
+        # the follow-ups of the succeeding attempts (the first for even n, the second for odd)
+        assert sorted(ran) == sorted(n * 10 + 1 + n % 2 for n in range(10))
+        assert followed_at_ack == [True] * 10
+    finally:
+        await app.aclose()

@@ -40,7 +40,9 @@ class Env:
     def events(self) -> list[dict[str, Any]]:
         if not self.record.exists():
             return []
-        return [json.loads(line) for line in self.record.read_text().splitlines()]
+        text = self.record.read_text()
+        # a worker may be appending a line as this reads: only whole lines count
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .types import JSON, Claimed, ScheduleResult
+from .types import JSON, Claimed, Schedule, ScheduleResult
 
 if TYPE_CHECKING:
     from .app import App, Target
@@ -35,6 +35,8 @@ class Context:
         self.claimed_at = claimed.claimed_at
         self._backend = backend
         self._loop = asyncio.get_running_loop()
+        #: follow-up work the worker writes just before this task's ack (`schedule_with_ack`)
+        self.with_ack: list[Schedule] = []
 
     # made on first use: most tasks log nothing, and only sync tasks need `sync`
     @functools.cached_property
@@ -74,6 +76,14 @@ class Context:
         return await self.app.aschedule_many(
             target, elements, seconds=seconds, priority=priority, backend=self._backend, **options
         )
+
+    async def schedule_with_ack(
+        self, target: Target, elements: Iterable[JSON], **options: Any
+    ) -> None:
+        """Schedules follow-up work once this task succeeds: the worker writes it in one batch
+        with other tasks' follow-ups, just before their acks (so a crash in between runs the
+        task again, never loses the work). Nothing is scheduled if the task fails."""
+        self.with_ack += await self.app.prepare(target, elements, backend=self._backend, **options)
 
     @property
     def backend(self) -> Backend:

@@ -35,8 +35,10 @@ from ..results.store import as_records
 from ..retry import Retry
 from ..tasks import GroupOption, KeyFunction, Task, call_task_function
 from ..worker import Worker, WorkerStats
+from .writer import OutputWriter
 
 WARC = "crawlq.pipeline.warc"
+OUTPUTS = "crawlq.pipeline.outputs"
 SCHEDULE_CHUNK = 5_000
 
 _pipelines: weakref.WeakKeyDictionary[App, Pipeline] = weakref.WeakKeyDictionary()
@@ -75,6 +77,7 @@ class Pipeline:
         self.stages: list[Stage] = []
         self._finish: Callable[[ResultsStore], Any] | None = None
         app.provide(WARC, lambda: WarcStore(self.warc_dir))
+        app.provide(OUTPUTS, lambda: OutputWriter(self.results))
         _pipelines[app] = self
 
     def __repr__(self) -> str:
@@ -119,7 +122,8 @@ class Pipeline:
                 warc: WarcStore = ctx.app.shared(WARC)
                 for hop in response.chain:
                     await warc.put(hop)
-                await asyncio.to_thread(self.results.replace, name, response.url, [])
+                # the reference, for `reprocess` to find (the records are the WARC's)
+                await self._write(ctx, name, response.url, [])
                 await self._next(ctx, name, response.url)
 
             return self._add_stage(
@@ -172,7 +176,7 @@ class Pipeline:
                 if is_async:
                     stored = await self._input(ctx, index - 1, ref)
                     records = as_records(await call_task_function(function, True, ctx, stored))
-                    await asyncio.to_thread(self.results.replace, name, ref, records)
+                    await self._write(ctx, name, ref, records)
                 else:
                     response = await self._stored_response(ctx, ref) if previous.fetch else None
                     await call_task_function(functools.partial(step, ref=ref), False, ctx, response)
@@ -240,10 +244,15 @@ class Pipeline:
             raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
         return stored
 
+    async def _write(self, ctx: Context, name: str, ref: str, records: list[Record]) -> None:
+        writer: OutputWriter = ctx.app.shared(OUTPUTS)
+        await writer.replace(name, ref, records)
+
     async def _next(self, ctx: Context, name: str, ref: str) -> None:
         index = self.stage_named(name).index + 1
         if index < len(self.stages):
-            await ctx.schedule(self.stages[index].task, ref)
+            # written with this task's ack, in one batch with the other tasks' follow-ups
+            await ctx.schedule_with_ack(self.stages[index].task, [ref])
 
     def inputs(self, stage: str, where: Sequence[str] = ()) -> list[str]:
         """The stored references `stage` reads (what the stage before it produced), those

@@ -31,7 +31,7 @@ from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
 from ..tasks import Task
-from ..types import Claimed, Failure, WorkerInfo
+from ..types import Claimed, Failure, Schedule, WorkerInfo
 from ..wakeup import Listener
 
 log = logging.getLogger("crawlq.worker")
@@ -95,8 +95,11 @@ class Worker:
         self._deadlines: dict[asyncio.Task[None], float] = {}  # loop time the lease runs out
         self._lapsed: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
-        self._changed = asyncio.Event()  # a slot freed or finished elements were written
+        self._freed = asyncio.Event()  # a task ended: its slot is free
+        # finished elements were written: their groups' slots are free in the queue
+        self._changed = asyncio.Event()
         self._acks: list[Claimed] = []
+        self._follow: list[Schedule] = []  # written just before the acks (schedule_with_ack)
         self._failures: list[Failure] = []
         self._flush_wanted = asyncio.Event()
         self._closing = False
@@ -159,8 +162,8 @@ class Worker:
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:
-                self._changed.clear()
-                await self._wait_any([self._changed, self._stop], None)
+                self._freed.clear()
+                await self._wait_any([self._freed, self._stop], None)
                 continue
             # Cleared before the claim, so whatever happens from here on wakes the wait below.
             listener.event.clear()
@@ -198,8 +201,8 @@ class Worker:
                 if await self._burst_done(backend, result.next_at, now):
                     return
                 timeout = min(timeout, BURST_RECHECK)
-            if result.elements:
-                continue
+            # A partial claim took everything claimable: like an empty one, it waits for more
+            # (events were cleared before it, so nothing that came meanwhile is missed).
             await self._wait_any(
                 [listener.event, self._changed, self._stop], min(timeout, MAX_IDLE)
             )
@@ -233,7 +236,7 @@ class Worker:
         self._inflight.pop(task, None)
         self._deadlines.pop(task, None)
         self._lapsed.discard(task)
-        self._changed.set()
+        self._freed.set()
 
     def _arm_watchdog(self) -> None:
         """Sets the lease timer to the earliest deadline of the running tasks."""
@@ -323,6 +326,7 @@ class Worker:
             self._fail(claimed, error, traceback.format_exc(), retry_at)
             return "dead" if retry_at is None else "retry"
         else:
+            self._follow += ctx.with_ack
             self._acks.append(claimed)
             self.stats.done += 1
             self.stats.by_queue[claimed.queue] = self.stats.by_queue.get(claimed.queue, 0) + 1
@@ -352,9 +356,13 @@ class Worker:
 
     async def _flush(self, backend: Backend) -> None:
         acks, self._acks = self._acks, []
+        follow, self._follow = self._follow, []
         failures, self._failures = self._failures, []
         self._flushing = True
         try:
+            if follow:
+                await backend.schedule(follow)
+                follow = []
             if acks:
                 await backend.ack(acks)
                 acks = []
@@ -363,6 +371,7 @@ class Worker:
             self._flushes += 1
             self._changed.set()
         except BaseException:
+            self._follow[:0] = follow
             self._acks[:0] = acks
             self._failures[:0] = failures
             raise
@@ -401,8 +410,8 @@ class Worker:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            self._changed.clear()
-            await self._wait_any([self._changed, self._hurry], left)
+            self._freed.clear()
+            await self._wait_any([self._freed, self._hurry], left)
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
