@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import gzip
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import brotli
@@ -438,3 +439,26 @@ async def test_a_robots_txt_request_put_back_by_its_slot_puts_the_page_back(
         response = await fetcher.fetch(net.url("a.test", "/page/1"), pace=pace)
     assert response.status == 200
     assert paths(net, "a.test") == ["/robots.txt", "/page/1"]
+
+
+async def test_a_request_whose_task_is_cancelled_by_a_timer_due_before_it_is_written_never_goes(
+    net: SyntheticWeb,
+) -> None:
+    """The process is stopped (here: the loop blocked) right before a request on a pooled
+    connection; meanwhile the worker's lease timer fell due. The timer runs before any byte
+    is written, and the request never reaches the server."""
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        await fetcher.fetch(net.url("b.test", "/page/1"))  # robots.txt known, a connection kept
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def stopped_meanwhile(hop: str) -> None:
+            asyncio.get_running_loop().call_later(0.001, task.cancel)  # the lease watchdog
+            time.sleep(0.05)  # blocks the loop on purpose: the process is stopped
+
+        with pytest.raises(asyncio.CancelledError):
+            await fetcher.fetch(net.url("b.test", "/page/2"), pace=stopped_meanwhile)
+        task.uncancel()
+        # Whatever was written has arrived: another request on the host is answered after it.
+        await fetcher.fetch(net.url("b.test", "/page/3"))
+    assert paths(net, "b.test") == ["/robots.txt", "/page/1", "/page/3"]

@@ -283,6 +283,13 @@ class Fetcher:
 
         class NotedRequest(aiohttp.ClientRequest):
             async def send(self, conn: Connection) -> aiohttp.ClientResponse:
+                # Two loop turns before anything is written, so a timer due by now runs
+                # first: the worker's lease watchdog, after the process was stopped or
+                # starved past a lease, cancels the request here rather than letting it go
+                # out on a slot another worker holds by then (one turn may not do: the
+                # task's next step can come before the turn's due timers).
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
                 slot = current_slot.get()
                 if slot is not None:
                     await slot.confirm()
