@@ -4,23 +4,25 @@ exactly as fnmatch matches them in Python."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from crawlq.backends import Backend, open_backend
 from crawlq.backends.redis.globs import lua_pattern
-from crawlq.errors import BackendUnavailable, ConfigError
+from crawlq.errors import BackendError, BackendUnavailable, ConfigError
 from crawlq.observe.logs import redact
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import Failure, Limit, LimitRule
 
 from .conftest import QUEUES
-from .helpers import ManualClock, claim, config, fill_for_damage, schedule, url
+from .helpers import ManualClock, claim, config, fill_for_damage, payloads, schedule, url
 
 
 @pytest.fixture
@@ -106,6 +108,44 @@ async def test_opening_without_create_refuses_an_empty_namespace(
     client = redis.Redis.from_url(redis_server.url)
     assert client.keys("{never-made}*") == []
     client.close()
+
+
+async def test_a_namespace_of_another_layout_is_refused_untouched(
+    redis_server: RedisServer,
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    client.set("{older}:version", "1")
+    client.hset("{older}:q:5:pages:e", "x" * 8, "a record of layout 1")
+    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 2"):
+        await open_backend(f"{redis_server.url}?namespace=older").open()
+    stored: Any = client.hget("{older}:q:5:pages:e", "x" * 8)  # typed "awaitable or value"
+    assert stored == b"a record of layout 1"
+    client.close()
+
+
+async def test_unicode_keys_keep_their_group_name_through_storage(
+    redis_server: RedisServer,
+) -> None:
+    """Records store a key without its group's name (lua/common.lua, `encode`), cut by byte
+    position: keys and groups with multi-byte characters come back whole."""
+    backend = open_backend(f"{redis_server.url}?namespace=unicode")
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        urls = ["http://ü@xn--bcher-kva.test/p/ü", "http://xn--bcher-kva.test/bücher", "http://ü/"]
+        await schedule(backend, "pages", urls)
+        elements = await claim(backend, "pages", limit=10)
+        assert sorted(json.loads(p) for p in payloads(elements)) == sorted(urls)
+        for element in elements:
+            info = await backend.element("pages", element.key)
+            assert info is not None and info.key == element.key
+        odd = "p*ges[1]?\\^"  # glob characters: the checker must find its records all the same
+        await backend.ensure_queues([config(odd)])
+        await schedule(backend, odd, urls)
+        await claim(backend, odd, limit=1)
+        assert await backend.check() == []
+    finally:
+        await backend.close()
 
 
 async def test_priorities_order_exactly_within_53_bits(redis_server: RedisServer) -> None:
@@ -211,6 +251,15 @@ async def test_colliding_digests_pass_the_random_model(
     await test_frontier_matches_a_simple_model_under_random_operations(colliding, clock)
 
 
+def misplace_a_record(client: redis.Redis, q: str) -> None:
+    """Copies a record into a bucket that its field does not pick."""
+    bucket = next(iter(client.scan_iter(match=q + "e:*")))
+    fields: Any = client.hgetall(bucket)  # redis-py types it "awaitable or value"
+    field, raw = next(iter(fields.items()))
+    other = q + ("e:1" if bucket.endswith(b":e:0") else "e:0")
+    client.hset(other, field, raw)
+
+
 async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) -> None:
     """`check()` is what the other tests trust (conftest runs it after every Redis test), so
     it must see damage: each corruption below is reported."""
@@ -230,6 +279,9 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
             (lambda: client.delete("{damage}:leases"), "lease"),
             (lambda: client.hincrby("{damage}:g:a.test", "r", 1), "group a.test"),
             (lambda: client.delete(q + "fr"), "frontier row"),
+            (lambda: client.hdel("{damage}:g:b.test", "id"), "group b.test: number"),
+            (lambda: client.hset("{damage}:gn", "999", "c.test"), "group numbers for"),
+            (lambda: misplace_a_record(client, q), "is in bucket"),
         ]
         for damage, expected in damages:
             damage()

@@ -43,6 +43,7 @@ from ...types import (
 from ...wakeup import Listener
 from ..batch import merge
 from ..views import dead_element, live_element
+from . import records
 from .check import check
 from .globs import lua_pattern
 from .listener import RedisListener
@@ -53,7 +54,7 @@ DEFAULT_NAMESPACE = "crawlq"
 SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
@@ -151,6 +152,13 @@ class RedisBackend:
                         f"no crawlq data in namespace {self.namespace!r} at {self.url}"
                     )
                 await self._set_default_limit(client)
+            elif (stored := await client.get(self.prefix + "version")) != SCHEMA_VERSION.encode():
+                raise BackendError(
+                    f"namespace {self.namespace!r} at {self.url} holds crawlq data of layout "
+                    f"{stored.decode() if stored else '?'}; this crawlq reads layout "
+                    f"{SCHEMA_VERSION}: finish it with the crawlq that wrote it, or use another "
+                    "namespace (?namespace=NAME)"
+                )
         except RedisError as exc:
             await client.aclose()
             raise BackendUnavailable(f"cannot reach Redis at {self.url}: {exc}") from None
@@ -483,39 +491,50 @@ class RedisBackend:
 
     async def element(self, queue: str, key: str) -> ElementInfo | None:
         await self._known(queue)
-        records, dead = self._queue_key(queue, "e"), self._queue_key(queue, "x")
         digest = bytes.fromhex(_digests(key)[0])
-        rec = None
         for field in (digest, digest + key.encode()):
-            raw = await self._hget(records, field)
-            if raw is not None and (found := _unpacked(raw))[12] == key:
-                rec = found
-                break
-        if rec is not None:
-            return self._element_info(queue, rec)
-        raw = await self._hget(dead, key)
+            rec = await self._record(queue, field)
+            if rec is not None and rec[records.KEY] == key:
+                return self._element_info(queue, rec)
+        raw = await self._hget(self._queue_key(queue, "x"), key)
         if raw is None:
             return None
         letter, past = _dead_letter(queue, key, raw)
         return dead_element(letter, _attempts(past))
 
+    async def _record(self, queue: str, field: bytes) -> list[Any] | None:
+        """The element record stored under `field`, decoded (records.py), or None."""
+        raw = await self._hget(self._queue_key(queue, f"e:{records.bucket(field)}"), field)
+        if raw is None:
+            return None
+        number = records.group_number(raw)
+        names = {}
+        if number:
+            name = await self._hget(self.prefix + "gn", str(number).encode())
+            names[number] = "" if name is None else name.decode()
+        return records.decode(raw, names)
+
     def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
-        """An element record (lua/common.lua, REC) as an ElementInfo."""
-        key = rec[12]
+        """A decoded element record (records.py) as an ElementInfo."""
+        key = rec[records.KEY]
+
+        def given(field: int) -> Any:
+            return None if rec[field] is False else rec[field]
+
         return live_element(
             queue=queue,
             key=key,
-            payload=rec[1] if rec[1] is not False else key,
-            group=rec[2],
-            state=rec[5],
-            due=float(rec[4]),
-            priority=int(rec[3]),
-            attempts=rec[6],
-            lease_until=None if rec[7] is False else rec[7],
-            worker=None if rec[8] is False else rec[8],
-            error=None if rec[11] is False else rec[11],
-            next_due=None if rec[9] is False else rec[9],
-            history=_attempts(rec[13] if len(rec) > 13 else []),
+            payload=rec[records.PAYLOAD] if rec[records.PAYLOAD] is not False else key,
+            group=rec[records.GROUP],
+            state=rec[records.STATE],
+            due=float(rec[records.DUE]),
+            priority=int(rec[records.PRIORITY]),
+            attempts=rec[records.ATTEMPTS],
+            lease_until=given(records.LEASE),
+            worker=given(records.WORKER),
+            error=given(records.ERROR),
+            next_due=given(records.NEXT_DUE),
+            history=_attempts(rec[records.HISTORY] or []),
             now=self.now(),
         )
 
@@ -529,9 +548,9 @@ class RedisBackend:
         for member in sorted(members):
             length, _, rest = member.partition(b":")
             queue, field = rest[: int(length)].decode(), rest[int(length) :]
-            raw = await self._hget(self._queue_key(queue, "e"), field)
-            if raw is not None:
-                found.append(self._element_info(queue, _unpacked(raw)))
+            rec = await self._record(queue, field)
+            if rec is not None:
+                found.append(self._element_info(queue, rec))
         return found
 
     async def check(self) -> list[str]:

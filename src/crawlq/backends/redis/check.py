@@ -11,14 +11,17 @@ import struct
 from collections import Counter
 from typing import Any
 
-import msgpack
+from . import records
+from .records import DUE, GROUP, ID, KEY, LEASE, STATE, WORKER
 
 NEVER = 1e300
 DELAYED, READY, RUNNING = 0, 1, 2
-# Record fields (lua/common.lua, REC), zero-based.
-ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER = range(9)
-KEY = 12
 RANK_SIZE = 16
+
+
+def _glob_literal(text: str) -> str:
+    """`text` as a Redis glob matching only itself."""
+    return "".join("\\" + ch if ch in "*?[]^\\" else ch for ch in text)
 
 
 def _rank(rec: list[Any]) -> bytes:
@@ -58,14 +61,26 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     def key(queue: str, kind: str) -> str:
         return f"{prefix}q:{len(queue.encode())}:{queue}:{kind}"
 
+    names = {int(n): g.decode() for n, g in (await client.hgetall(prefix + "gn")).items()}
+    problems += _check_group_numbers(groups, names)
     for queue in queues:
-        records = await client.hgetall(key(queue, "e"))
+        stored = {}
+        buckets = key(queue, "e:")
+        async for name in client.scan_iter(match=_glob_literal(buckets) + "*", count=1000):
+            bucket = name.decode()[len(buckets) :]
+            for field, raw in (await client.hgetall(name)).items():
+                stored[field] = raw
+                if str(records.bucket(field)) != bucket:
+                    problems.append(f"{queue}: field {field!r} is in bucket {bucket}")
         delayed = dict(await client.zrange(key(queue, "d"), 0, -1, withscores=True))
         counts = {int(k): int(v) for k, v in (await client.hgetall(key(queue, "n"))).items()}
         state_counts: Counter[int] = Counter()
         ready_members: dict[str, set[bytes]] = {}
-        for field, raw in records.items():
-            rec = msgpack.unpackb(raw, raw=False)
+        for field, raw in stored.items():
+            if records.group_number(raw) not in names and records.group_number(raw) != 0:
+                problems.append(f"{queue}: field {field!r} holds an unknown group number")
+                continue
+            rec = records.decode(raw, names)
             state, group = rec[STATE], rec[GROUP]
             state_counts[state] += 1
             where = f"{queue}/{rec[KEY]}"
@@ -125,12 +140,23 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     if busy != expected:
         problems.append(f"busy-group index {busy}, elements say {expected}")
     held = {}
-    async for name in client.scan_iter(match=prefix + "w:*"):
+    async for name in client.scan_iter(match=_glob_literal(prefix) + "w:*", count=1000):
         members = await client.smembers(name)
         if members:
             held[name.decode()[len(prefix) + 2 :]] = set(members)
     if held != held_by_worker:
         problems.append(f"elements held per worker {held}, records say {held_by_worker}")
+    return problems
+
+
+def _check_group_numbers(groups: dict[str, dict[bytes, bytes]], names: dict[int, str]) -> list[str]:
+    problems = []
+    for name, group in groups.items():
+        number = group.get(b"id")
+        if number is None or names.get(int(number)) != name:
+            problems.append(f"group {name}: number {number!r}, the number index says otherwise")
+    if len(names) != len(groups):
+        problems.append(f"{len(names)} group numbers for {len(groups)} groups")
     return problems
 
 

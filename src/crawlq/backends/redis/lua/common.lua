@@ -22,10 +22,14 @@
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake              pubsub channel: something became claimable
---   P q:<#q>:<q>:e      hash   field -> msgpack element record (see REC below). An element's
---                              field is the 8-byte digest of its key; the rare key whose digest
---                              another key holds gets digest .. key, and the digest joins ec
---   P q:<#q>:<q>:ec     set    digests shared by more than one key (see e)
+--   P gn                hash   group number -> group name; P g:<g> holds the number as `id`
+--   P gseq              string the last group number given
+--   P q:<#q>:<q>:e:<b>  hash   field -> msgpack element record (see REC below), in RECORD_BUCKETS
+--                              buckets by field (b: the field's first two bytes, see `records`),
+--                              so each stays a compact listpack. An element's field is the 8-byte
+--                              digest of its key; the rare key whose digest another key holds
+--                              gets digest .. key, and the digest joins ec
+--   P q:<#q>:<q>:ec     set    digests shared by more than one key (see e:<b>)
 --   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
 --   P q:<#q>:<q>:d      zset   delayed fields by due time
 --   P q:<#q>:<q>:r:<g>  zset   the (queue, group) sub-queue of ready elements: score -priority,
@@ -51,9 +55,15 @@ if NOW == nil then
 end
 local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
--- REC: the fields of an element record, a msgpack array (false where SQL has NULL).
-local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, LEASE, WORKER, NEXT_DUE, NEXT_PRIORITY, ERROR,
-      KEY, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
+-- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
+-- compactly (`encode`): GROUP as the group's number, KEY without the group's name where it holds
+-- it (a URL holds its host) and KEY_AT where that was, the falses at the end left off.
+local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, KEY, KEY_AT, LEASE, WORKER, NEXT_DUE,
+      NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
+local REC_SIZE = 15
+-- 8192 buckets keep a queue's records in listpacks up to ~4 million elements (512 each, Redis's
+-- default hash-max-listpack-entries), when each is at most hash-max-listpack-value bytes.
+local RECORD_BUCKETS = 8192
 -- HISTORY, once the element ran: its last attempts, {attempt, claimed at, worker, outcome or
 -- false while running}, at most HISTORY_SIZE.
 local HISTORY_SIZE = 10
@@ -101,18 +111,74 @@ local function raw_digest(hex)
     return (string.gsub(hex, '..', function(cc) return string.char(tonumber(cc, 16)) end))
 end
 
+-- -- element records ------------------------------------------------------------------------
+
+-- The hash holding the record of `field` (its first two bytes pick the bucket).
+local function records(queue, field)
+    local bucket = (string.byte(field, 1) % (RECORD_BUCKETS / 256)) * 256 + string.byte(field, 2)
+    return qkey(queue, 'e:' .. bucket)
+end
+
+-- Group numbers, both ways, read once a call.
+local group_ids, group_names = {[''] = 0}, {[0] = ''}
+
+local function group_id(group)
+    local id = group_ids[group]
+    if id == nil then
+        id = tonumber(redis.call('HGET', gkey(group), 'id'))
+        group_ids[group], group_names[id] = id, group
+    end
+    return id
+end
+
+local function group_name(id)
+    local name = group_names[id]
+    if name == nil then
+        name = redis.call('HGET', P .. 'gn', id)
+        group_names[id], group_ids[name] = name, id
+    end
+    return name
+end
+
+local function encode(rec)
+    local stored = {}
+    for i = 1, REC_SIZE do stored[i] = rec[i] end
+    local group, key = rec[GROUP], rec[KEY]
+    stored[GROUP], stored[KEY_AT] = group_id(group), false
+    local at = group ~= '' and string.find(key, group, 1, true)
+    if at then
+        stored[KEY] = string.sub(key, 1, at - 1) .. string.sub(key, at + #group)
+        stored[KEY_AT] = at
+    end
+    for i = REC_SIZE, KEY_AT, -1 do
+        if stored[i] then break end
+        stored[i] = nil
+    end
+    return cmsgpack.pack(stored)
+end
+
+local function decode(raw)
+    local rec = cmsgpack.unpack(raw)
+    for i = #rec + 1, REC_SIZE do rec[i] = false end
+    local group = group_name(rec[GROUP])
+    local at = rec[KEY_AT]
+    if at then rec[KEY] = string.sub(rec[KEY], 1, at - 1) .. group .. string.sub(rec[KEY], at) end
+    rec[GROUP], rec[KEY_AT] = group, false
+    return rec
+end
+
 local function load(queue, field)
-    local raw = redis.call('HGET', qkey(queue, 'e'), field)
-    if raw then return cmsgpack.unpack(raw) end
+    local raw = redis.call('HGET', records(queue, field), field)
+    if raw then return decode(raw) end
     return nil
 end
 
 -- The element of `key` and its field; when absent, nil and the field a new one would take.
 local function find(queue, key, digest)
-    local raw = redis.call('HGET', qkey(queue, 'e'), digest)
+    local raw = redis.call('HGET', records(queue, digest), digest)
     local taken = false
     if raw then
-        local rec = cmsgpack.unpack(raw)
+        local rec = decode(raw)
         if rec[KEY] == key then return rec, digest end
         taken = true
     elseif redis.call('SISMEMBER', qkey(queue, 'ec'), digest) == 0 then
@@ -135,7 +201,7 @@ local function holds(rec, id, attempt, claimed_at)
 end
 
 local function save(queue, field, rec)
-    redis.call('HSET', qkey(queue, 'e'), field, cmsgpack.pack(rec))
+    redis.call('HSET', records(queue, field), field, encode(rec))
 end
 
 -- Counters change many times in a script: the deltas add up here and reach Redis once, in
@@ -256,10 +322,12 @@ end
 local function ensure_group(group)
     if group == '' or redis.call('SADD', P .. 'groups', group) == 0 then return end
     local concurrency, interval = resolve(group)
+    local id = redis.call('INCR', P .. 'gseq')
+    redis.call('HSET', P .. 'gn', id, group)
     if concurrency then
-        redis.call('HSET', gkey(group), 'c', concurrency, 'i', fmt(interval))
+        redis.call('HSET', gkey(group), 'id', id, 'c', concurrency, 'i', fmt(interval))
     else
-        redis.call('HSET', gkey(group), 'i', fmt(interval))
+        redis.call('HSET', gkey(group), 'id', id, 'i', fmt(interval))
     end
 end
 
@@ -417,7 +485,7 @@ local function finish(queue, field, rec, seen_digest, bucket, touched)
     end
     unplace(queue, field, rec, touched)
     group_count(rec[GROUP], rec[STATE] == RUNNING and 'r' or 'q', -1)
-    redis.call('HDEL', qkey(queue, 'e'), field)
+    redis.call('HDEL', records(queue, field), field)
 end
 
 -- -- schedule ----------------------------------------------------------------------------------
@@ -439,8 +507,8 @@ local function apply(item, touched)
         end
         ensure_group(group)
         if field ~= digest then redis.call('SADD', qkey(queue, 'ec'), digest) end
-        rec = {redis.call('INCR', P .. 'seq'), payload, group, priority, due, READY, 0,
-               false, false, false, false, false, key}
+        rec = {redis.call('INCR', P .. 'seq'), payload, group, priority, due, READY, 0, key,
+               false, false, false, false, false, false, false}
         place(queue, field, rec, touched)
         group_count(group, 'q', 1)
         save(queue, field, rec)

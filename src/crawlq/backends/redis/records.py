@@ -1,0 +1,59 @@
+"""Element records as the scripts store them (lua/common.lua, REC, `encode` and `decode`), for
+the Python side that reads them: element lookups and the consistency check.
+
+A record is a msgpack array holding its group as a number (names in the hash `P gn`) and its
+key without the group's name where the key holds it (KEY_AT: where it was), with the falses at
+the end left off; each lives in one of RECORD_BUCKETS hashes, picked by its field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+# Fields, zero-based.
+(
+    ID,
+    PAYLOAD,
+    GROUP,
+    PRIORITY,
+    DUE,
+    STATE,
+    ATTEMPTS,
+    KEY,
+    KEY_AT,
+    LEASE,
+    WORKER,
+    NEXT_DUE,
+    NEXT_PRIORITY,
+    ERROR,
+    HISTORY,
+) = range(15)
+SIZE = 15
+RECORD_BUCKETS = 8192
+
+
+def bucket(field: bytes) -> int:
+    """The number of the hash holding the record of `field`, as `records` in common.lua."""
+    return (field[0] % (RECORD_BUCKETS // 256)) * 256 + field[1]
+
+
+def group_number(raw: bytes) -> int:
+    """The group number of a stored record, to look its name up before `decode`."""
+    number: int = msgpack.unpackb(raw, raw=False)[GROUP]
+    return number
+
+
+def decode(raw: bytes, group_names: Mapping[int, str]) -> list[Any]:
+    """The full record: every field, the group's name and the whole key."""
+    rec: list[Any] = msgpack.unpackb(raw, raw=False)
+    rec += [False] * (SIZE - len(rec))
+    group = group_names[rec[GROUP]] if rec[GROUP] else ""
+    at = rec[KEY_AT]
+    if at:  # a position in bytes, as Lua counts
+        key = rec[KEY].encode()
+        rec[KEY] = (key[: at - 1] + group.encode() + key[at - 1 :]).decode()
+    rec[GROUP], rec[KEY_AT] = group, False
+    return rec
