@@ -55,6 +55,7 @@ class Outcome:
     requests: int
     violations: int
     peak: int
+    load: float  # the 1-minute load average when it started (other work shares the machine)
 
 
 class Partners:
@@ -239,6 +240,7 @@ def measure(reports: int, latency: float, runs: set[str]) -> Iterator[Outcome]:
                     continue
                 data = root / ("crawlq-split" if split else "crawlq")
                 prepare(data)
+                load = os.getloadavg()[0]
                 seconds = asyncio.run(run_crawlq(partners, data, split=split))
                 hits = partners.log(root / f"{data.name}-hits.jsonl")
                 over, peak = violations(hits)
@@ -249,10 +251,12 @@ def measure(reports: int, latency: float, runs: set[str]) -> Iterator[Outcome]:
                     requests=len(hits),
                     violations=over,
                     peak=peak,
+                    load=load,
                 )
                 partners.command("reset")
             if "legacy" not in runs:
                 return
+            load = os.getloadavg()[0]
             seconds = run_legacy(partners, root)
             hits = partners.log(root / "legacy-hits.jsonl")
             over, peak = violations(hits)
@@ -263,6 +267,7 @@ def measure(reports: int, latency: float, runs: set[str]) -> Iterator[Outcome]:
                 requests=len(hits),
                 violations=over,
                 peak=peak,
+                load=load,
             )
         finally:
             partners.close()
@@ -289,13 +294,14 @@ def main() -> None:
         f" {platform.python_version()}, {os.cpu_count()} cores, load average before"
         f" {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}.",
         "",
-        "| ETL | wall time s | reports/s | requests | politeness violations | peak in flight |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| ETL | wall time s | reports/s | requests | politeness violations | peak in flight"
+        " | load at start |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for o in outcomes:
         lines.append(
             f"| {o.name} | {o.seconds:.1f} | {o.reports / o.seconds:,.0f} | {o.requests:,}"
-            f" | {o.violations:,} | {o.peak} |"
+            f" | {o.violations:,} | {o.peak} | {o.load:.1f} |"
         )
     crawlq_runs = [o for o in outcomes if o.name.startswith("crawlq")]
     legacy = [o for o in outcomes if o.name.startswith("legacy")]
