@@ -232,24 +232,28 @@ class Engine:
         return result, wake
 
     def _apply_batch(self, rows: Sequence[BatchRow], now: float) -> tuple[int, int, int, int]:
-        """Applies a batch in one statement each; returns skipped, deferred, moved, added."""
+        """Applies a batch in one statement each; returns skipped, deferred, moved, added.
+        A batch of keys none of which is queued (the usual one: new links) skips the
+        statements that change queued elements."""
         store = self.store
         store.run("batch_clear")
         store.many("batch_add", rows)
-        store.run("batch_classify")
-        skipped = 0
+        queued = store.run("batch_classify").rowcount  # keys in the queue, in any state
+        skipped = deferred = moved = 0
         if any(row.check_seen for row in rows):
             skipped = store.run("batch_drop_seen").rowcount
-        deferred = store.run("batch_defer_running").rowcount
-        store.run("batch_touch_moved")
-        moved = store.run("batch_move_queued", {"now": now}).rowcount
+        if queued:
+            deferred = store.run("batch_defer_running").rowcount
+            store.run("batch_touch_moved")
+            moved = store.run("batch_move_queued", {"now": now}).rowcount
         added = store.run("batch_insert_new", {"now": now}).rowcount
         if added:
             store.run("batch_count_new_in_queues", {"now": now})
             store.run("batch_count_new_in_groups")
-        store.run("batch_touch_ready", {"now": now})
-        pairs = set(store.run("touched_take").fetchall())
-        store.run("touched_clear")
+        pairs = set(store.run("batch_ready_pairs", {"now": now}).fetchall())
+        if moved:  # the sub-queues they left
+            pairs.update(store.run("touched_take").fetchall())
+            store.run("touched_clear")
         for pair in pairs:
             self._refresh_pair(pair, now)
         return skipped, deferred, moved, added

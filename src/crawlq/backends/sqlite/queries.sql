@@ -64,8 +64,7 @@ UPDATE groups SET queued = groups.queued + c.n
   FROM (SELECT group_id, count(*) AS n FROM temp.batch WHERE old_id IS NULL GROUP BY 1) AS c
  WHERE groups.id = c.group_id;
 
--- name: batch_touch_ready
-INSERT INTO temp.touched (queue_id, group_id)
+-- name: batch_ready_pairs
 SELECT DISTINCT queue_id, group_id FROM temp.batch WHERE due <= :now;
 
 -- name: touched_take
