@@ -201,7 +201,8 @@ def build(config: EtlConfig, *, parsers: Mapping[str, Parser] | None = None) -> 
         page = json.loads(checked(await ctx.fetch(url)).text())
         await ctx.schedule_many(download, [urljoin(url, path) for path in page["reports"]])
         if page["next"]:
-            await ctx.schedule(listing, urljoin(url, page["next"]))
+            # ahead of this page's downloads, so the list has come in before they are done
+            await ctx.schedule(listing, urljoin(url, page["next"]), priority=1)
 
     @pipeline.fetch(retry=crawlq.Retry(max_attempts=5, base=0.2, cap=5))
     async def download(ctx: crawlq.Context, url: str) -> Response:
