@@ -20,29 +20,36 @@ class PageLinks:
 
 def extract(html: str, url: str) -> PageLinks:
     """Links of `a` and `area` elements, resolved against `<base href>` if the page has one;
-    `rel=nofollow` links are left out."""
+    `rel=nofollow` links are left out.
+
+    Elements are found by tag name: a tree's first CSS query costs more than parsing a small
+    page. An `a` or `meta` without the attribute read yields nothing, as `a[href]` or
+    `meta[name]` would not have matched."""
     tree = LexborHTMLParser(html)
-    title_node = tree.css_first("title")
-    title = title_node.text(strip=True) if title_node is not None else None
+    titles = tree.tags("title")
+    title = titles[0].text(strip=True) if titles else None
     base = url
-    base_node = tree.css_first("base[href]")
+    base_node = next((node for node in tree.tags("base") if "href" in node.attributes), None)
     if base_node is not None:
         resolved = absolute(url, base_node.attributes.get("href") or "")
         base = resolved or url
     base_origin = origin_of(base) if is_canonical(base) else None
     nofollow = False
-    for meta in tree.css("meta[name]"):
+    for meta in tree.tags("meta"):
         name = (meta.attributes.get("name") or "").lower()
         content = (meta.attributes.get("content") or "").lower()
         if name == "robots" and ("nofollow" in content or "none" in content):
             nofollow = True
+    # `a` and `area` in document order: CSS tells it when the page has both (rare).
+    anchors = tree.css("a[href], area[href]") if tree.tags("area") else tree.tags("a")
     links: list[str] = []
     found: set[str] = set()
-    for node in tree.css("a[href], area[href]"):
-        href = node.attributes.get("href") or ""
+    for node in anchors:
+        attributes = node.attributes
+        href = attributes.get("href") or ""
         if href.strip().lower().startswith(SKIPPED_SCHEMES):
             continue
-        if "nofollow" in (node.attributes.get("rel") or "").lower():
+        if "nofollow" in (attributes.get("rel") or "").lower():
             continue
         link = absolute(base, href, base_origin=base_origin)
         if link is not None and link not in found:
