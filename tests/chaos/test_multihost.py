@@ -53,11 +53,12 @@ async def test_a_host_cut_off_mid_crawl_loses_nothing_and_breaks_no_limit(
     # the victim wrote while cut off and gave up on since never reaches the server once the
     # link is back (the fetcher's sockets close with a reset, not after their unsent data).
     assert outcome.stale == 0
-    assert verdict.count("concurrency") == 0, verdict.violations
+    assert verdict.explain("concurrency") == []  # each with the requests involved
     # The delay between two requests to a site: each request reserves its send time in the
-    # backend (Backend.reserve_send), robots.txt included; what is left is the jitter of a
-    # loaded machine between that reservation and the server's stamp (a few ms): counted
-    # and shown, not asserted.
+    # backend and confirms it right before it is written (politeness.py), robots.txt
+    # included. What is left (0-1 per run) is the time the loaded kernel takes to carry a
+    # written request across the simulated network to the server's socket, which stamps it:
+    # counted and shown (with the requests involved), not asserted.
     # Every crawl ended well (the killed one by SIGKILL), and the queue is consistent with
     # every group slot free.
     assert outcome.exit_codes == ([-9, 0, 0] if kill else [0, 0, 0]), outcome.logs
@@ -76,6 +77,7 @@ def _describe(outcome: Outcome) -> str:
         f" lease's end {outcome.lapsed}, interval violations"
         f" {len(intervals)} (robots.txt {verdict.count('interval', robots=True)}, min gap"
         f" {verdict.min_gap}), wall {outcome.wall:.1f}s"
+        + "".join(f"\n  {line}" for line in verdict.explain("interval", 5))
     )
 
 

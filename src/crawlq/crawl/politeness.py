@@ -55,8 +55,9 @@ MAX_PACING_WAIT = 2.0
 #: MAX_PACING_MARGIN): the time from sending to the server's reading varies by milliseconds.
 PACING_MARGIN = 0.02
 MAX_PACING_MARGIN = 0.01
-#: A request at most this much later than its slot (and than the margin) goes on it; later,
-#: it takes the slot over at the current time or waits for a new one (`Slot`).
+#: A request at most this much later than its slot (and than half the margin, the other half
+#: being for the write itself to reach the server) goes on it; later, it takes the slot
+#: over at the current time or waits for a new one (`Slot`).
 SEND_TOLERANCE = 0.002
 #: A late request tries this many times to take its slot over or get a new one in time,
 #: and is put back (Throttled) if it is still late.
@@ -222,7 +223,7 @@ class Politeness:
             group=group,
             url=url,
             gap=interval + margin,
-            tolerance=min(SEND_TOLERANCE, margin),
+            tolerance=min(SEND_TOLERANCE, margin / 2),
             fetcher=fetcher,
         )
         wait = await slot.reserve(self.earliest(slot))
