@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,8 @@ T = TypeVar("T")
 
 DEFAULT_URL = "sqlite:///crawlq.db"
 
+_Waiting = tuple[Sequence[Schedule], "asyncio.Future[ScheduleResult]"]
+
 
 def path_from_url(url: str) -> str:
     """sqlite:///relative.db and sqlite:////absolute/path.db, as SQLAlchemy spells them."""
@@ -59,6 +62,8 @@ class SQLiteBackend:
         self._thread: ThreadPoolExecutor | None = None
         self._engine: Engine | None = None
         self._wake = WakeSender()
+        self._lock = threading.Lock()
+        self._schedules: list[_Waiting] = []  # batches the thread has not taken yet
 
     async def __aenter__(self) -> SQLiteBackend:
         await self.open()
@@ -124,9 +129,69 @@ class SQLiteBackend:
         return await self._call(self.engine.queues)
 
     async def schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
+        """Group-committed: the thread applies every batch waiting when it comes round in one
+        transaction, each with its own result (a failure there has each batch tried alone)."""
         if not items:
             return ScheduleResult()
-        return await self._woken(functools.partial(self.engine.schedule, items))
+        if self._thread is None:
+            raise BackendError(f"backend {self.url} is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ScheduleResult] = loop.create_future()
+        with self._lock:
+            self._schedules.append((items, future))
+            first = len(self._schedules) == 1
+        if first:
+            self._thread.submit(self._schedule_waiting, loop)
+        return await future
+
+    def _schedule_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            taken, self._schedules = self._schedules, []
+        # A call cancelled before its turn is not applied, as with run_in_executor.
+        waiting = [(items, future) for items, future in taken if not future.cancelled()]
+        if not waiting:
+            return
+        outcomes: list[ScheduleResult | BaseException] = []
+        wake: list[str] = []
+        try:
+            results, wake = self.engine.schedule_batches([items for items, _ in waiting])
+            outcomes += results
+        except sqlite3.OperationalError as exc:  # the database's (locked, full), not a batch's
+            outcomes += [self._error(exc) for _ in waiting]
+        except Exception:  # the batch that raised fails alone
+            for items, _ in waiting:
+                try:
+                    result, woken = self.engine.schedule(items)
+                except Exception as exc:
+                    outcomes.append(self._error(exc))
+                else:
+                    outcomes.append(result)
+                    wake += woken
+        loop.call_soon_threadsafe(self._settle_schedules, waiting, outcomes, wake)
+
+    def _error(self, exc: Exception) -> Exception:
+        """A driver error as the crawlq error `_call` raises."""
+        if not isinstance(exc, sqlite3.Error):
+            return exc
+        error = translate(exc, self.path)
+        error.__cause__ = exc
+        return error
+
+    def _settle_schedules(
+        self,
+        waiting: list[_Waiting],
+        outcomes: list[ScheduleResult | BaseException],
+        wake: list[str],
+    ) -> None:
+        if wake:
+            self._wake.send(dict.fromkeys(wake))
+        for (_, future), outcome in zip(waiting, outcomes, strict=True):
+            if future.done():  # cancelled meanwhile
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: float

@@ -100,8 +100,9 @@ class Engine:
         self.store = store
         self.clock = clock
         self._queues: dict[str, _Queue] = {}
-        self._groups: dict[str, int] = {"": NO_GROUP_ID}
-        self._group_names: dict[int, str] = {NO_GROUP_ID: ""}
+        self._groups: dict[str, int] = {}
+        self._group_names: dict[int, str] = {}
+        self._forget_groups()
 
     # -- names to ids ---------------------------------------------------------------------
 
@@ -129,6 +130,10 @@ class Engine:
             self._groups[name] = group_id
             self._group_names[group_id] = name
         return int(group_id)
+
+    def _forget_groups(self) -> None:
+        self._groups = {"": NO_GROUP_ID}
+        self._group_names = {NO_GROUP_ID: ""}
 
     def _group_name(self, group_id: int) -> str:
         name = self._group_names.get(group_id)
@@ -192,44 +197,59 @@ class Engine:
 
     def schedule(self, items: Sequence[Schedule]) -> tuple[ScheduleResult, list[str]]:
         """Applies a batch; returns what happened and whom to wake."""
+        results, wake = self.schedule_batches([items])
+        return results[0], wake
+
+    def schedule_batches(
+        self, batches: Sequence[Sequence[Schedule]]
+    ) -> tuple[list[ScheduleResult], list[str]]:
+        """Applies batches one after the other, in one transaction (all or none): what each
+        would have done on its own, and whom to wake."""
+        try:
+            with self.store.transaction():
+                results = [self._schedule(items) for items in batches]
+                changed = any(result.added or result.moved for result in results)
+                wake = self._wake_addresses() if changed else []
+        except BaseException:
+            self._forget_groups()  # ids it cached may be of groups it inserted, now undone
+            raise
+        return results, wake
+
+    def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
         merged = merge(items)
-        store = self.store
-        with store.transaction():
-            now = self.clock()
-            rules: list[LimitRule] = []
-            queues = {name: self._queue(name) for name in {item.queue for item in merged.values()}}
-            groups = self._groups
-            rows = []
-            for item in merged.values():
-                queue = queues[item.queue]
-                if queue is None:
-                    raise UnknownQueue(item.queue)
-                group_id = groups.get(item.group)
-                if group_id is None:
-                    group_id = self._group_id(item.group, rules)
-                rows.append(
-                    BatchRow(
-                        queue.id,
-                        item.key,
-                        item.payload,
-                        group_id,
-                        item.due,
-                        item.priority,
-                        item.mode.value,
-                        key_hash(item.key),
-                        queue.seen and not item.revisit,
-                    )
+        now = self.clock()
+        rules: list[LimitRule] = []
+        queues = {name: self._queue(name) for name in {item.queue for item in merged.values()}}
+        groups = self._groups
+        rows = []
+        for item in merged.values():
+            queue = queues[item.queue]
+            if queue is None:
+                raise UnknownQueue(item.queue)
+            group_id = groups.get(item.group)
+            if group_id is None:
+                group_id = self._group_id(item.group, rules)
+            rows.append(
+                BatchRow(
+                    queue.id,
+                    item.key,
+                    item.payload,
+                    group_id,
+                    item.due,
+                    item.priority,
+                    item.mode.value,
+                    key_hash(item.key),
+                    queue.seen and not item.revisit,
                 )
-            skipped, deferred, moved, added = self._apply_batch(rows, now)
-            wake = self._wake_addresses() if added or moved else []
-        result = ScheduleResult(
+            )
+        skipped, deferred, moved, added = self._apply_batch(rows, now)
+        return ScheduleResult(
             added=added,
             moved=moved,
             deferred=deferred,
             skipped_seen=skipped,
             kept=len(rows) - skipped - added - moved - deferred,
         )
-        return result, wake
 
     def _apply_batch(self, rows: Sequence[BatchRow], now: float) -> tuple[int, int, int, int]:
         """Applies a batch in one statement each; returns skipped, deferred, moved, added.
