@@ -90,6 +90,7 @@ class Outcome:
     redelivered: int = 0  # of those, fetched by another host after the cut
     during_cut: int = 0  # requests from the victim while cut off (none can arrive)
     stale: int = 0  # requests from the victim, once back, for a page it had lost
+    stale_detail: list[str] = field(default_factory=list)  # each, with the page's other hits
     stale_overlaps: int = 0  # concurrency violations a stale request takes part in
     after_restore: int = 0  # requests from the victim once back, in all
     by_host: dict[str, int] = field(default_factory=dict)  # pages answered, by host address
@@ -425,6 +426,10 @@ def _judge(outcome: Outcome, hits: list[Hit], victim: str) -> None:
     outcome.after_restore = sum(1 for h in mine if h.at >= back)
     stale = [h for h in mine if h.at >= back and (h.host, h.path) in lost]
     outcome.stale = len(stale)
+    for h in stale:  # a page the victim got again (put back, say) shows its other requests
+        others = [o for o in hits if (o.host, o.path) == (h.host, h.path) and o is not h]
+        seen = ", ".join(f"{o.peer} {o.at - cut:+.3f}s {o.status}" for o in others)
+        outcome.stale_detail.append(f"{h.host}{h.path} {h.at - cut:+.3f}s after the cut; {seen}")
     outcome.stale_overlaps = sum(
         1
         for v in outcome.verdict.violations
@@ -478,6 +483,7 @@ def summary(outcome: Outcome) -> dict[str, Any]:
         "after_restore": outcome.after_restore,
         "stale": outcome.stale,
         "stale_overlaps": outcome.stale_overlaps,
+        "stale_detail": outcome.stale_detail,
         "lapsed": outcome.lapsed,
         "by_host": outcome.by_host,
         "exit_codes": outcome.exit_codes,
