@@ -20,6 +20,7 @@ from crawlq.crawl.errors import Throttled
 from crawlq.crawl.politeness import (
     MAX_PACING_MARGIN,
     MAX_SLOT_TRIES,
+    MIN_LEAD,
     PACING_MARGIN,
     Politeness,
     Slot,
@@ -34,35 +35,45 @@ GAP = 0.5
 URL = "http://slow.test/page/1"
 
 
-async def test_a_late_slot_still_the_latest_moves_to_now(
+async def test_a_late_slot_still_the_latest_is_kept_and_moves_to_now(
     backend: Backend, clock: ManualClock
 ) -> None:
-    first, wait = await backend.reserve_send_slot("slow.test", GAP)
+    first, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
     assert (first, wait) == (pytest.approx(clock()), 0)
-    mine, wait = await backend.reserve_send_slot("slow.test", GAP)
+    mine, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
     assert (mine, wait) == (pytest.approx(first + GAP), pytest.approx(GAP))
     clock.advance(GAP + 0.2)  # woken 0.2 s late: nobody reserved after it, so it goes now
-    moved, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert (moved, wait) == (pytest.approx(clock()), 0)
+    moved, wait, kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert (moved, wait, kept) == (pytest.approx(clock()), 0, True)
     # The next request keeps the gap from the moved time, not from the stale one.
-    after, wait = await backend.reserve_send_slot("slow.test", GAP)
+    after, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
     assert (after, wait) == (pytest.approx(moved + GAP), pytest.approx(GAP))
     # The plain reserve_send follows the moved time as well.
     assert await backend.reserve_send("slow.test", GAP) == pytest.approx(2 * GAP)
 
 
+async def test_a_kept_slot_moves_earliest_ahead_of_now(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """The lead a late request asks for: the time its write may take to follow."""
+    mine, _, _ = await backend.reserve_send_slot("slow.test", GAP)
+    clock.advance(0.3)
+    moved, wait, kept = await backend.reserve_send_slot("slow.test", GAP, 0.01, replacing=mine)
+    assert (moved, wait, kept) == (pytest.approx(clock() + 0.01), pytest.approx(0.01), True)
+
+
 async def test_a_late_slot_someone_reserved_after_gets_a_new_one(
     backend: Backend, clock: ManualClock
 ) -> None:
-    mine, _ = await backend.reserve_send_slot("slow.test", GAP)
-    theirs, _ = await backend.reserve_send_slot("slow.test", GAP)
+    mine, _, _ = await backend.reserve_send_slot("slow.test", GAP)
+    theirs, _, _ = await backend.reserve_send_slot("slow.test", GAP)
     clock.advance(0.3)  # late for mine, which is no longer the latest: never sent on it
-    fresh, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert fresh == pytest.approx(theirs + GAP)
+    fresh, wait, kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert (fresh, kept) == (pytest.approx(theirs + GAP), False)
     assert wait == pytest.approx(theirs + GAP - clock())
     # Replacing a time that was never reserved is a plain reservation too.
-    other, wait = await backend.reserve_send_slot("slow.test", GAP, 1.0, replacing=mine + 7)
-    assert other == pytest.approx(max(fresh + GAP, clock() + 1.0))
+    other, _, kept = await backend.reserve_send_slot("slow.test", GAP, 1.0, replacing=mine + 7)
+    assert (other, kept) == (pytest.approx(max(fresh + GAP, clock() + 1.0)), False)
 
 
 async def test_an_early_replacement_never_moves_a_slot_earlier(
@@ -71,12 +82,13 @@ async def test_an_early_replacement_never_moves_a_slot_earlier(
     """A worker whose clock runs ahead may think itself late while the backend's time has
     not reached the slot yet: the slot keeps its time and the worker waits for it."""
     await backend.reserve_send_slot("slow.test", GAP)
-    mine, _ = await backend.reserve_send_slot("slow.test", GAP)
-    kept, wait = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert (kept, wait) == (pytest.approx(mine), pytest.approx(GAP))
+    mine, _, _ = await backend.reserve_send_slot("slow.test", GAP)
+    kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
+    assert kept == (pytest.approx(mine), pytest.approx(GAP), True)
     assert await backend.reserve_send_slot("other.test", GAP, replacing=mine) == (
         pytest.approx(clock()),
         0,
+        False,
     )
 
 
@@ -88,11 +100,12 @@ async def test_racing_late_requests_never_share_a_gap(backend: Backend, clock: M
     final: list[float] = []
 
     async def request() -> None:
-        at, _ = await backend.reserve_send_slot("slow.test", GAP)
+        at, _, _ = await backend.reserve_send_slot("slow.test", GAP)
         for _ in range(rng.randrange(3)):
             await asyncio.sleep(0)
             clock.advance(rng.random() * GAP)
-            at, _ = await backend.reserve_send_slot("slow.test", GAP, replacing=at)
+            lead = rng.choice([0.0, 0.01])
+            at, _, _ = await backend.reserve_send_slot("slow.test", GAP, lead, replacing=at)
         final.append(at)
 
     await asyncio.gather(*(request() for _ in range(40)))
@@ -127,24 +140,24 @@ async def test_a_request_on_time_goes_on_its_slot(backend: Backend, clock: Manua
     assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(reserved + gap)
 
 
-async def test_a_late_request_takes_its_slot_over_at_the_current_time(
+async def test_a_late_request_takes_its_slot_over_a_lead_ahead_and_goes_at_once(
     backend: Backend, clock: ManualClock
 ) -> None:
     politeness, gap, slot = await paced(backend, clock)
     clock.advance(0.04)  # the event loop was busy, a connection had to be made...
-    await slot.confirm()
-    assert slot.at == pytest.approx(clock())
+    await slot.confirm()  # returns without waiting for the lead: it is past its old time
+    assert slot.at == pytest.approx(clock() + MIN_LEAD)  # the backend answered at once
     assert politeness.late_sends == 1
     assert politeness.latest_send == pytest.approx(0.04)
-    # The next request counts from when this one really went.
-    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(clock() + gap)
+    # The next request counts from the new time, which this one's write is not later than.
+    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(slot.at + gap)
 
 
 async def test_a_late_request_another_reserved_after_waits_for_a_new_slot(
     backend: Backend, clock: ManualClock
 ) -> None:
     politeness, gap, slot = await paced(backend, clock)
-    theirs, _ = await backend.reserve_send_slot("slow.test", gap)  # another worker, on time
+    theirs, _, _ = await backend.reserve_send_slot("slow.test", gap)  # another worker, on time
     clock.advance(0.04)
     await slot.confirm()  # sleeps (really) for the new slot; the manual clock stays
     assert slot.at == pytest.approx(theirs + gap)

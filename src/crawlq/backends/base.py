@@ -89,11 +89,12 @@ class Backend(Protocol):
 
     async def reserve_send_slot(
         self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float, bool]:
         """`reserve_send`, returning (the reserved time by the backend's clock, seconds from
-        now to it). With `replacing`, a time this method returned before for `group`: if it
-        is still the group's latest reservation, it moves to now (never earlier) and the
-        request may go at once, since nobody has reserved after it; otherwise a new time is
+        now to it, whether `replacing` was kept). With `replacing`, a time this method
+        returned before for `group`: if it is still the group's latest reservation, it is
+        kept and moves to `earliest` seconds from now (never earlier), and its request may
+        go from its old time on, since nobody has reserved after it; otherwise a new time is
         reserved as without it. A request about to be sent late on its reservation, when
         another may have been reserved one gap after it, asks this instead of sending."""
 

@@ -62,6 +62,8 @@ SEND_TOLERANCE = 0.002
 #: A late request tries this many times to take its slot over or get a new one in time,
 #: and is put back (Throttled) if it is still late.
 MAX_SLOT_TRIES = 5
+#: A slot taken over moves at least this far ahead of now (`Slot.confirm`).
+MIN_LEAD = 0.002
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
 
@@ -95,39 +97,50 @@ class Slot:
     fetcher: Fetcher | None = None
     at: float = 0.0
     due: float = 0.0
+    answer: float = 0.0  # seconds the last reservation took, there and back
     sent: bool = False  # confirmed once: another request on it (a redirect, a retry) needs its own
 
-    async def reserve(self, earliest: float, replacing: float | None = None) -> float:
-        """Reserves (or, with `replacing`, takes over) a time; returns the wait for it.
+    async def reserve(self, earliest: float, replacing: float | None = None) -> tuple[float, bool]:
+        """Reserves (or, with `replacing`, takes over) a time; returns the wait for it and
+        whether `replacing` was kept.
 
         `due` is `at` read by our clock: the backend's time `at` if our clocks agree (it then
         lies between when we asked plus the wait and when the answer came plus the wait),
         else the nearer of those two bounds."""
         clock = self.politeness.clock
         asked = clock()
-        self.at, wait = await self.politeness.backend.reserve_send_slot(
+        self.at, wait, kept = await self.politeness.backend.reserve_send_slot(
             self.group, self.gap, earliest, replacing=replacing
         )
-        self.due = min(max(self.at, asked + wait), clock() + wait)
-        return wait
+        answered = clock()
+        self.answer = answered - asked
+        self.due = min(max(self.at, asked + wait), answered + wait)
+        return wait, kept
 
     async def confirm(self) -> None:
         """Returns when the request may be written: on its slot, unless it is more than
         `tolerance` late for it; then on its slot moved to now if nobody has reserved after
         it, else on a fresh one, after waiting for it. Throttled (the page is put back) if
-        it is still late after MAX_SLOT_TRIES such tries: never sent late."""
+        it is still late after MAX_SLOT_TRIES such tries: never sent late.
+
+        A slot taken over moves a lead ahead of now (twice the time the backend took to
+        answer, at least MIN_LEAD, at most a quarter of the gap): the request goes as soon as
+        the answer is in, before its new time (it is past its old one, so the request before
+        it is a gap behind), and the next request counts from the new time, which the write
+        will not be later than unless the worker falls behind again."""
         politeness = self.politeness
         if self.sent:  # a second request on one slot: it reserves its own
             self.sent = False
-            await asyncio.sleep(await self.reserve(politeness.earliest(self)))
+            await asyncio.sleep((await self.reserve(politeness.earliest(self)))[0])
         for _ in range(MAX_SLOT_TRIES):
             late = politeness.clock() - self.due
             if late <= self.tolerance:
                 break
             politeness.late_sends += 1
             politeness.latest_send = max(politeness.latest_send, late)
-            wait = await self.reserve(0.0, replacing=self.at)
-            if wait > 0:
+            lead = min(self.gap / 4, max(MIN_LEAD, 2 * self.answer))
+            wait, kept = await self.reserve(lead, replacing=self.at)
+            if not kept and wait > 0:
                 await asyncio.sleep(wait)
         else:
             late = politeness.clock() - self.due
@@ -226,7 +239,7 @@ class Politeness:
             tolerance=min(SEND_TOLERANCE, margin / 2),
             fetcher=fetcher,
         )
-        wait = await slot.reserve(self.earliest(slot))
+        wait, _ = await slot.reserve(self.earliest(slot))
         if wait > MAX_PACING_WAIT:
             raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
         if wait > 0:

@@ -431,10 +431,10 @@ class RedisBackend:
 
     async def reserve_send_slot(
         self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float, bool]:
         mine = False if replacing is None else replacing
-        at, wait = await self._run("reserve_send", [group, gap, earliest, mine])
-        return float(at), float(wait)
+        at, wait, kept = await self._run("reserve_send", [group, gap, earliest, mine])
+        return float(at), float(wait), bool(int(kept))
 
     # -- introspection ------------------------------------------------------------------------
 

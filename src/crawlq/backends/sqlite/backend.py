@@ -241,8 +241,8 @@ class SQLiteBackend:
 
     async def reserve_send_slot(
         self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
-    ) -> tuple[float, float]:
-        slot: tuple[float, float] = await self._call(
+    ) -> tuple[float, float, bool]:
+        slot: tuple[float, float, bool] = await self._call(
             self.engine.reserve_send, group, gap, earliest, replacing
         )
         return slot

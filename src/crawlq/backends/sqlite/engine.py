@@ -568,18 +568,20 @@ class Engine:
 
     def reserve_send(
         self, group: str, gap: float, earliest: float, replacing: float | None = None
-    ) -> tuple[float, float]:
-        """(the reserved time, seconds from now to it): Backend.reserve_send_slot."""
+    ) -> tuple[float, float, bool]:
+        """(the reserved time, seconds from now to it, whether `replacing` was kept):
+        Backend.reserve_send_slot."""
         with self.store.transaction():
             now = self.clock()
             reserved = None
             if replacing is not None:
-                params = {"name": group, "mine": replacing, "now": now}
+                params = {"name": group, "mine": replacing, "earliest": now + earliest}
                 reserved = self.store.value("send_replace", params)
+            kept = reserved is not None
             if reserved is None:
                 params = {"name": group, "earliest": now + earliest, "gap": gap}
                 reserved = self.store.value("send_reserve", params)
-            return float(reserved), max(0.0, float(reserved) - now)
+            return float(reserved), max(0.0, float(reserved) - now), kept
 
     # -- introspection ----------------------------------------------------------------------
 

@@ -211,7 +211,7 @@ INSERT INTO send_times (name, at) VALUES (:name, :earliest)
     RETURNING at;
 
 -- name: send_replace
-UPDATE send_times SET at = max(at, :now) WHERE name = :name AND at = :mine RETURNING at;
+UPDATE send_times SET at = max(at, :earliest) WHERE name = :name AND at = :mine RETURNING at;
 
 -- name: groups_all
 SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
