@@ -372,10 +372,7 @@ class Fetcher:
                     if pace is not None and not self.robots.known(current):
                         slot = await pace(current)  # robots.txt is paced like any request
                     with self._sending_on(slot):
-                        try:
-                            await self.robots.check(current)
-                        except _PutBack as exc:
-                            raise exc.throttled from None
+                        await self.robots.check(current)
                 # Without `pace`, a hop goes on the slot this task holds, if any: robots.txt
                 # fetched for a paced hop is paced by that hop's `pace`.
                 slot = self._slot.get() if pace is None else await pace(current)
@@ -417,11 +414,7 @@ class Fetcher:
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
-        session = self.session(url)
-        try:
-            return await self.request(session, "GET", url, robots=False)
-        except Throttled as exc:  # not sent: robots.txt is not unavailable, the page waits
-            raise _PutBack(exc) from None
+        return await self.request(self.session(url), "GET", url, robots=False)
 
     async def _send(
         self,
@@ -495,15 +488,6 @@ class Fetcher:
             raise FetchError(Reason.TIMEOUT, url, what) from exc
         except Exception as exc:
             raise _translate(exc, url) from exc
-
-
-class _PutBack(Exception):
-    """A Throttled robots.txt request, through RobotsCache (which would record any FetchError
-    as robots.txt being unavailable) to the page's request, which raises it."""
-
-    def __init__(self, throttled: Throttled) -> None:
-        super().__init__(str(throttled))
-        self.throttled = throttled
 
 
 def _parsed(url: str) -> URL | None:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
-from .errors import FetchError, Reason
+from .errors import FetchError, Reason, Throttled
 from .response import Response
 
 RobotsFetch = Callable[[str], Awaitable[Response]]
@@ -88,6 +88,8 @@ class RobotsCache:
         now = self._clock()
         try:
             response = await self._fetch(f"{key}/robots.txt")
+        except Throttled:
+            raise  # not sent (its pacing put it back): robots.txt is not unavailable
         except FetchError as exc:
             if exc.reason is Reason.TOO_LARGE:
                 return Rules(None, None, now + self._ttl)
