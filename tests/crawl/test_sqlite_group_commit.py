@@ -108,3 +108,27 @@ async def test_a_schedule_cancelled_before_its_turn_is_not_applied(
     assert cancelled.cancelled()
     (stats,) = await backend.queue_stats(["crawl"])
     assert stats.total == 1
+
+
+async def test_schedules_from_two_event_loops_are_each_answered_on_their_own(
+    backend: SQLiteBackend,
+) -> None:
+    """A caller on another thread's loop (a sync caller's portal, say) can share a commit with
+    ours; its answer comes on its own loop, which would otherwise never wake for it."""
+    answered: list[ScheduleResult] = []
+
+    def from_another_loop() -> None:
+        answered.append(asyncio.run(asyncio.wait_for(links(backend, url("b.test", 1)), DEADLINE)))
+
+    thread = threading.Thread(target=from_another_loop)
+    with HeldThread(backend):
+        ours = asyncio.ensure_future(links(backend, url("a.test", 1)))
+        thread.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEADLINE
+        while len(backend._schedules) < 2 and loop.time() < deadline:
+            await asyncio.sleep(0.01)  # until the other loop's batch waits beside ours
+        assert len(backend._schedules) == 2
+    assert (await asyncio.wait_for(ours, DEADLINE)).added == 1
+    await asyncio.to_thread(thread.join, DEADLINE)
+    assert [result.added for result in answered] == [1]

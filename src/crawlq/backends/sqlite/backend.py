@@ -7,6 +7,7 @@ on the disk or on another process's write lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import threading
@@ -41,6 +42,7 @@ T = TypeVar("T")
 DEFAULT_URL = "sqlite:///crawlq.db"
 
 _Waiting = tuple[Sequence[Schedule], "asyncio.Future[ScheduleResult]"]
+_Settled = tuple[_Waiting, ScheduleResult | BaseException]
 
 
 def path_from_url(url: str) -> str:
@@ -135,16 +137,15 @@ class SQLiteBackend:
             return ScheduleResult()
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ScheduleResult] = loop.create_future()
+        future: asyncio.Future[ScheduleResult] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._schedules.append((items, future))
             first = len(self._schedules) == 1
         if first:
-            self._thread.submit(self._schedule_waiting, loop)
+            self._thread.submit(self._schedule_waiting)
         return await future
 
-    def _schedule_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _schedule_waiting(self) -> None:
         with self._lock:
             taken, self._schedules = self._schedules, []
         # A call cancelled before its turn is not applied, as with run_in_executor.
@@ -167,7 +168,15 @@ class SQLiteBackend:
                 else:
                     outcomes.append(result)
                     wake += woken
-        loop.call_soon_threadsafe(self._settle_schedules, waiting, outcomes, wake)
+        # Each future is settled on its own loop (callers may come from more than one); the
+        # first of them sends the wake-ups, as every other call does, from a loop.
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Settled]] = {}
+        for entry, outcome in zip(waiting, outcomes, strict=True):
+            by_loop.setdefault(entry[1].get_loop(), []).append((entry, outcome))
+        for loop, settled in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: no one waits there
+                loop.call_soon_threadsafe(self._settle_schedules, settled, wake)
+                wake = []
 
     def _error(self, exc: Exception) -> Exception:
         """A driver error as the crawlq error `_call` raises."""
@@ -177,15 +186,10 @@ class SQLiteBackend:
         error.__cause__ = exc
         return error
 
-    def _settle_schedules(
-        self,
-        waiting: list[_Waiting],
-        outcomes: list[ScheduleResult | BaseException],
-        wake: list[str],
-    ) -> None:
+    def _settle_schedules(self, settled: list[_Settled], wake: list[str]) -> None:
         if wake:
             self._wake.send(dict.fromkeys(wake))
-        for (_, future), outcome in zip(waiting, outcomes, strict=True):
+        for (_, future), outcome in settled:
             if future.done():  # cancelled meanwhile
                 continue
             if isinstance(outcome, BaseException):
