@@ -32,7 +32,7 @@ import msgpack
     HISTORY,
 ) = range(15)
 SIZE = 15
-RECORD_BUCKETS = 8192
+RECORD_BUCKETS = 32768
 
 
 def bucket(field: bytes) -> int:

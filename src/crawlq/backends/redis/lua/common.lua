@@ -61,9 +61,12 @@ local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, KEY, KEY_AT, LEASE, WORKER, NEXT_DUE,
       NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 local REC_SIZE = 15
--- 8192 buckets keep a queue's records in listpacks up to ~4 million elements (512 each, Redis's
--- default hash-max-listpack-entries), when each is at most hash-max-listpack-value bytes.
-local RECORD_BUCKETS = 8192
+-- 32768 buckets keep a queue's records in listpacks up to ~16 million elements (512 each, Redis's
+-- default hash-max-listpack-entries), when each is at most hash-max-listpack-value bytes; a
+-- lookup scans its bucket, so fewer, fuller buckets (8192: 14% less memory at 100,000 elements)
+-- made a claim at 1,000,000 elements 23% slower. Growing the count with the queue (linear
+-- hashing) would give both.
+local RECORD_BUCKETS = 32768
 -- HISTORY, once the element ran: its last attempts, {attempt, claimed at, worker, outcome or
 -- false while running}, at most HISTORY_SIZE.
 local HISTORY_SIZE = 10
