@@ -11,6 +11,7 @@ import random
 import socket
 import threading
 import time
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -35,21 +36,26 @@ GAP = 0.5
 URL = "http://slow.test/page/1"
 
 
+def near(value: float) -> Any:
+    """pytest.approx, typed Any so that tuples holding it compare under mypy --strict."""
+    return pytest.approx(value)
+
+
 async def test_a_late_slot_still_the_latest_is_kept_and_moves_to_now(
     backend: Backend, clock: ManualClock
 ) -> None:
     first, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
-    assert (first, wait) == (pytest.approx(clock()), 0)
+    assert (first, wait) == (near(clock()), 0)
     mine, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
-    assert (mine, wait) == (pytest.approx(first + GAP), pytest.approx(GAP))
+    assert (mine, wait) == (near(first + GAP), near(GAP))
     clock.advance(GAP + 0.2)  # woken 0.2 s late: nobody reserved after it, so it goes now
     moved, wait, kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert (moved, wait, kept) == (pytest.approx(clock()), 0, True)
+    assert (moved, wait, kept) == (near(clock()), 0, True)
     # The next request keeps the gap from the moved time, not from the stale one.
     after, wait, _ = await backend.reserve_send_slot("slow.test", GAP)
-    assert (after, wait) == (pytest.approx(moved + GAP), pytest.approx(GAP))
+    assert (after, wait) == (near(moved + GAP), near(GAP))
     # The plain reserve_send follows the moved time as well.
-    assert await backend.reserve_send("slow.test", GAP) == pytest.approx(2 * GAP)
+    assert await backend.reserve_send("slow.test", GAP) == near(2 * GAP)
 
 
 async def test_a_kept_slot_moves_earliest_ahead_of_now(
@@ -59,7 +65,7 @@ async def test_a_kept_slot_moves_earliest_ahead_of_now(
     mine, _, _ = await backend.reserve_send_slot("slow.test", GAP)
     clock.advance(0.3)
     moved, wait, kept = await backend.reserve_send_slot("slow.test", GAP, 0.01, replacing=mine)
-    assert (moved, wait, kept) == (pytest.approx(clock() + 0.01), pytest.approx(0.01), True)
+    assert (moved, wait, kept) == (near(clock() + 0.01), near(0.01), True)
 
 
 async def test_a_late_slot_someone_reserved_after_gets_a_new_one(
@@ -69,11 +75,11 @@ async def test_a_late_slot_someone_reserved_after_gets_a_new_one(
     theirs, _, _ = await backend.reserve_send_slot("slow.test", GAP)
     clock.advance(0.3)  # late for mine, which is no longer the latest: never sent on it
     fresh, wait, kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert (fresh, kept) == (pytest.approx(theirs + GAP), False)
-    assert wait == pytest.approx(theirs + GAP - clock())
+    assert (fresh, kept) == (near(theirs + GAP), False)
+    assert wait == near(theirs + GAP - clock())
     # Replacing a time that was never reserved is a plain reservation too.
     other, _, kept = await backend.reserve_send_slot("slow.test", GAP, 1.0, replacing=mine + 7)
-    assert (other, kept) == (pytest.approx(max(fresh + GAP, clock() + 1.0)), False)
+    assert (other, kept) == (near(max(fresh + GAP, clock() + 1.0)), False)
 
 
 async def test_an_early_replacement_never_moves_a_slot_earlier(
@@ -84,9 +90,9 @@ async def test_an_early_replacement_never_moves_a_slot_earlier(
     await backend.reserve_send_slot("slow.test", GAP)
     mine, _, _ = await backend.reserve_send_slot("slow.test", GAP)
     kept = await backend.reserve_send_slot("slow.test", GAP, replacing=mine)
-    assert kept == (pytest.approx(mine), pytest.approx(GAP), True)
+    assert kept == (near(mine), near(GAP), True)
     assert await backend.reserve_send_slot("other.test", GAP, replacing=mine) == (
-        pytest.approx(clock()),
+        near(clock()),
         0,
         False,
     )
@@ -137,7 +143,7 @@ async def test_a_request_on_time_goes_on_its_slot(backend: Backend, clock: Manua
     clock.advance(slot.tolerance / 2)  # late, but within the tolerance
     await slot.confirm()
     assert (slot.at, politeness.late_sends) == (reserved, 0)
-    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(reserved + gap)
+    assert (await backend.reserve_send_slot("slow.test", gap))[0] == near(reserved + gap)
 
 
 async def test_a_late_request_takes_its_slot_over_a_lead_ahead_and_goes_at_once(
@@ -146,11 +152,11 @@ async def test_a_late_request_takes_its_slot_over_a_lead_ahead_and_goes_at_once(
     politeness, gap, slot = await paced(backend, clock)
     clock.advance(0.04)  # the event loop was busy, a connection had to be made...
     await slot.confirm()  # returns without waiting for the lead: it is past its old time
-    assert slot.at == pytest.approx(clock() + MIN_LEAD)  # the backend answered at once
+    assert slot.at == near(clock() + MIN_LEAD)  # the backend answered at once
     assert politeness.late_sends == 1
-    assert politeness.latest_send == pytest.approx(0.04)
+    assert politeness.latest_send == near(0.04)
     # The next request counts from the new time, which this one's write is not later than.
-    assert (await backend.reserve_send_slot("slow.test", gap))[0] == pytest.approx(slot.at + gap)
+    assert (await backend.reserve_send_slot("slow.test", gap))[0] == near(slot.at + gap)
 
 
 async def test_a_late_request_another_reserved_after_waits_for_a_new_slot(
@@ -160,7 +166,7 @@ async def test_a_late_request_another_reserved_after_waits_for_a_new_slot(
     theirs, _, _ = await backend.reserve_send_slot("slow.test", gap)  # another worker, on time
     clock.advance(0.04)
     await slot.confirm()  # sleeps (really) for the new slot; the manual clock stays
-    assert slot.at == pytest.approx(theirs + gap)
+    assert slot.at == near(theirs + gap)
     assert politeness.late_sends == 1
 
 
@@ -173,7 +179,7 @@ async def test_a_second_request_on_one_slot_reserves_its_own(
     await slot.confirm()
     clock.advance(gap)  # the first hop's answer took a gap: the second may go at once
     await slot.confirm()
-    assert slot.at == pytest.approx(first + gap)
+    assert slot.at == near(first + gap)
 
 
 async def test_a_request_late_at_every_try_is_put_back_not_sent(
