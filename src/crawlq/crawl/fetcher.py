@@ -293,6 +293,9 @@ class Fetcher:
                 slot = current_slot.get()
                 if slot is not None:
                     await slot.confirm()
+                protocol = conn.protocol
+                if protocol is None or not protocol.is_connected():
+                    raise _StaleConnection  # the server closed it meanwhile: nothing was sent
                 response = await super().send(conn)
                 host = self.url.host
                 if host is not None:
@@ -426,6 +429,29 @@ class Fetcher:
         headers: Mapping[str, str] | None,
         budget: float,
     ) -> Response:
+        """One hop (see `_send_once`), tried again once on another connection when the
+        pooled one it got was closed by the server before anything was written."""
+        try:
+            return await self._send_once(client, method, url, target, data, headers, budget)
+        except _StaleConnection:
+            pass
+        try:
+            return await self._send_once(client, method, url, target, data, headers, budget)
+        except _StaleConnection:
+            raise FetchError(
+                Reason.NETWORK, url, "the server closed the connection before the request"
+            ) from None
+
+    async def _send_once(
+        self,
+        client: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        target: URL | None,
+        data: Mapping[str, str] | bytes | None,
+        headers: Mapping[str, str] | None,
+        budget: float,
+    ) -> Response:
         """One hop, done within `budget` seconds, its body (decoded too) within max_bytes;
         `target` is `url` parsed (None if it cannot be: aiohttp then says why)."""
         max_bytes = self.settings.max_bytes
@@ -478,7 +504,7 @@ class Fetcher:
                     fetched_at=fetched_at,
                     elapsed=time.monotonic() - started,
                 )
-        except FetchError:
+        except (FetchError, _StaleConnection):
             raise
         except TimeoutError as exc:
             total = timeouts.total
@@ -488,6 +514,10 @@ class Fetcher:
             raise FetchError(Reason.TIMEOUT, url, what) from exc
         except Exception as exc:
             raise _translate(exc, url) from exc
+
+
+class _StaleConnection(Exception):
+    """A pooled connection the server closed while the request waited to be written."""
 
 
 def _parsed(url: str) -> URL | None:
