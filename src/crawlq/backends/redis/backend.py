@@ -507,12 +507,12 @@ class RedisBackend:
         raw = await self._hget(self._queue_key(queue, f"e:{records.bucket(field)}"), field)
         if raw is None:
             return None
-        number = records.group_number(raw)
-        names = {}
-        if number:
-            name = await self._hget(self.prefix + "gn", str(number).encode())
-            names[number] = "" if name is None else name.decode()
-        return records.decode(raw, names)
+        rec = records.unpack(raw)
+        group = ""
+        if rec[records.GROUP]:
+            name = await self._hget(self.prefix + "gn", str(rec[records.GROUP]).encode())
+            group = "" if name is None else name.decode()
+        return records.resolve(rec, group)
 
     def _element_info(self, queue: str, rec: list[Any]) -> ElementInfo:
         """A decoded element record (records.py) as an ElementInfo."""

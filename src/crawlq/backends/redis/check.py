@@ -77,10 +77,12 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
         state_counts: Counter[int] = Counter()
         ready_members: dict[str, set[bytes]] = {}
         for field, raw in stored.items():
-            if records.group_number(raw) not in names and records.group_number(raw) != 0:
+            rec = records.unpack(raw)
+            number = rec[GROUP]
+            if number and number not in names:
                 problems.append(f"{queue}: field {field!r} holds an unknown group number")
                 continue
-            rec = records.decode(raw, names)
+            rec = records.resolve(rec, names[number] if number else "")
             state, group = rec[STATE], rec[GROUP]
             state_counts[state] += 1
             where = f"{queue}/{rec[KEY]}"

@@ -8,7 +8,6 @@ the end left off; each lives in one of RECORD_BUCKETS hashes, picked by its fiel
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -40,17 +39,16 @@ def bucket(field: bytes) -> int:
     return (field[0] % (RECORD_BUCKETS // 256)) * 256 + field[1]
 
 
-def group_number(raw: bytes) -> int:
-    """The group number of a stored record, to look its name up before `decode`."""
-    number: int = msgpack.unpackb(raw, raw=False)[GROUP]
-    return number
-
-
-def decode(raw: bytes, group_names: Mapping[int, str]) -> list[Any]:
-    """The full record: every field, the group's name and the whole key."""
+def unpack(raw: bytes) -> list[Any]:
+    """A stored record with every field, its group still a number (look the name up, then
+    `resolve`)."""
     rec: list[Any] = msgpack.unpackb(raw, raw=False)
     rec += [False] * (SIZE - len(rec))
-    group = group_names[rec[GROUP]] if rec[GROUP] else ""
+    return rec
+
+
+def resolve(rec: list[Any], group: str) -> list[Any]:
+    """The full record from `unpack`'s, given its group's name: the name and the whole key."""
     at = rec[KEY_AT]
     if at:  # a position in bytes, as Lua counts
         key = rec[KEY].encode()
