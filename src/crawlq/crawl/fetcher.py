@@ -14,6 +14,7 @@ out on a time another request may be counting from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import itertools
@@ -431,16 +432,10 @@ class Fetcher:
     ) -> Response:
         """One hop (see `_send_once`), tried again once on another connection when the
         pooled one it got was closed by the server before anything was written."""
-        try:
-            return await self._send_once(client, method, url, target, data, headers, budget)
-        except _StaleConnection:
-            pass
-        try:
-            return await self._send_once(client, method, url, target, data, headers, budget)
-        except _StaleConnection:
-            raise FetchError(
-                Reason.NETWORK, url, "the server closed the connection before the request"
-            ) from None
+        for _ in range(2):
+            with contextlib.suppress(_StaleConnection):
+                return await self._send_once(client, method, url, target, data, headers, budget)
+        raise FetchError(Reason.NETWORK, url, "the server closed the connection before the request")
 
     async def _send_once(
         self,
