@@ -8,7 +8,7 @@ running count, start time, limits or block change.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ...errors import UnknownQueue
@@ -156,19 +156,21 @@ class Engine:
         if self.store.run("refresh_pair", params).rowcount == 0:
             self.store.run("drop_pair", params)
 
-    def _refresh_gate(self, group_id: int, now: float) -> int:
-        """Returns how many sub-queues wait on the group, i.e. whether anyone cares."""
-        return self.store.run("refresh_gate", {"group_id": group_id, "now": now}).rowcount
+    def _refresh_gate(self, group_id: int, now: float) -> set[int]:
+        """Returns the queues whose sub-queues wait on the group, i.e. who cares."""
+        params = {"group_id": group_id, "now": now}
+        return {queue_id for (queue_id,) in self.store.run("refresh_gate", params)}
 
-    def _settle(self, pairs: set[Pair], gates: set[int], now: float) -> bool:
-        """Refreshes what changed; True when a group with waiting work changed its gate."""
-        opened = False
+    def _settle(self, pairs: set[Pair], gates: set[int], now: float) -> set[int]:
+        """Refreshes what changed; returns the queues in which a group with waiting work
+        changed its gate or a sub-queue its head."""
+        opened = {queue_id for queue_id, _ in pairs}
         for group_id in gates:
-            if group_id != NO_GROUP_ID and self._refresh_gate(group_id, now):
-                opened = True
+            if group_id != NO_GROUP_ID:
+                opened |= self._refresh_gate(group_id, now)
         for pair in pairs:
             self._refresh_pair(pair, now)
-        return opened or bool(pairs)
+        return opened
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -208,8 +210,13 @@ class Engine:
         try:
             with self.store.transaction():
                 results = [self._schedule(items) for items in batches]
-                changed = any(result.added or result.moved for result in results)
-                wake = self._wake_addresses() if changed else []
+                changed = {
+                    item.queue
+                    for items, result in zip(batches, results, strict=True)
+                    if result.added or result.moved
+                    for item in items
+                }
+                wake = self._wake_addresses(self._queues[name].id for name in changed)
         except BaseException:
             self._forget_groups()  # ids it cached may be of groups it inserted, now undone
             raise
@@ -310,7 +317,7 @@ class Engine:
                 _, _, head, group_id, name = best
                 claimed.append(self._take(name, head, group_id, worker, now, lease_until))
             next_at = None if len(claimed) >= limit else self._next_at([q for _, q in known], now)
-            wake = self._wake_addresses() if opened else []
+            wake = self._wake_addresses(opened)
         return ClaimResult(elements=claimed, next_at=next_at), wake
 
     def _take(
@@ -339,7 +346,7 @@ class Engine:
             lease_until=lease_until,
         )
 
-    def _expire_leases(self, now: float) -> bool:
+    def _expire_leases(self, now: float) -> set[int]:
         """Returns to their queues the elements whose worker stopped renewing their lease."""
         expired = self.store.run("expired_leases", {"now": now}).fetchall()
         pairs: set[Pair] = set()
@@ -347,7 +354,7 @@ class Engine:
         for element_id, queue_id, group_id in expired:
             self._requeue(element_id, None, now, 0, "lease expired", (queue_id, group_id), pairs)
             gates.add(group_id)
-        return self._settle(pairs, gates, now) if expired else False
+        return self._settle(pairs, gates, now) if expired else set()
 
     def _next_at(self, queue_ids: Sequence[int], now: float) -> float | None:
         times = [self.store.value("next_lease_expiry")]
@@ -420,7 +427,7 @@ class Engine:
                 if lease[2] == RUNNING:
                     gates.add(lease[1])
                 action(i, lease, now, pairs)
-            return self._wake_addresses() if self._settle(pairs, gates, now) else []
+            return self._wake_addresses(self._settle(pairs, gates, now))
 
     def ack(self, elements: Sequence[Claimed]) -> list[str]:
         def done(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
@@ -476,8 +483,12 @@ class Engine:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def _wake_addresses(self) -> list[str]:
-        return [address for (address,) in self.store.run("wake_addresses")]
+    def _wake_addresses(self, queue_ids: Iterable[int]) -> list[str]:
+        """The workers to wake because the given queues got claimable work."""
+        ids = json.dumps(sorted(set(queue_ids)))
+        if ids == "[]":
+            return []
+        return [address for (address,) in self.store.run("wake_addresses", {"queue_ids": ids})]
 
     def register_worker(self, worker: WorkerInfo) -> None:
         with self.store.transaction():
@@ -552,8 +563,7 @@ class Engine:
                     }
                     self.store.run("group_set_limit", params)
                     changed.add(group_id)
-            opened = self._settle(set(), changed, now)
-            return deleted, self._wake_addresses() if opened else []
+            return deleted, self._wake_addresses(self._settle(set(), changed, now))
 
     def block_group(self, group: str, until: float | None, reason: str | None) -> list[str]:
         with self.store.transaction():
@@ -563,8 +573,7 @@ class Engine:
                 "group_block",
                 {"group_id": group_id, "until": until, "reason": reason if until else None},
             )
-            opened = self._settle(set(), {group_id}, now)
-            return self._wake_addresses() if opened else []
+            return self._wake_addresses(self._settle(set(), {group_id}, now))
 
     def reserve_send(
         self, group: str, gap: float, earliest: float, replacing: float | None = None
@@ -739,4 +748,4 @@ class Engine:
                 ],
                 now,
             )
-            return len(rows), self._wake_addresses()
+            return len(rows), self._wake_addresses([found.id])

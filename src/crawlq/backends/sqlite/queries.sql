@@ -93,7 +93,8 @@ DELETE FROM frontier WHERE queue_id = :queue_id AND group_id = :group_id;
 -- The group's limits or state changed: every sub-queue of it waits for its new gate.
 UPDATE frontier SET wake_at = g.gate, active = g.gate <= :now
   FROM (SELECT gate FROM group_gate WHERE id = :group_id) AS g
- WHERE frontier.group_id = :group_id;
+ WHERE frontier.group_id = :group_id
+RETURNING queue_id;
 
 -- name: expired_leases
 SELECT id, queue_id, group_id FROM elements
@@ -290,7 +291,12 @@ SELECT w.id, w.host, w.pid, w.queues, w.started, w.heartbeat, w.wake_address,
   FROM workers w ORDER BY w.started;
 
 -- name: wake_addresses
-SELECT wake_address FROM workers WHERE wake_address != '';
+-- The workers of any queue in :queue_ids (a JSON array), so a write to one stage's queue
+-- leaves the other stages' workers asleep.
+SELECT w.wake_address FROM workers w
+ WHERE w.wake_address != ''
+   AND EXISTS (SELECT 1 FROM queues q JOIN json_each(:queue_ids) j ON q.id = j.value
+                WHERE instr(',' || w.queues || ',', ',' || q.name || ',') > 0);
 
 -- Consistency checks (`Engine.check`): each returns the rows that break one invariant.
 
