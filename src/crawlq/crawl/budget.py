@@ -8,6 +8,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from ..writelock import WriteLock
+
 BUDGET_FILE = "budget.sqlite"
 
 
@@ -18,6 +20,7 @@ class PageBudget:
         self.limit = limit
         self._path = Path(directory) / BUDGET_FILE
         self._lock = threading.Lock()
+        self._write_lock = WriteLock(str(self._path))
         self._connection: sqlite3.Connection | None = None
 
     def _db(self) -> sqlite3.Connection:
@@ -37,21 +40,22 @@ class PageBudget:
     def _change(self, wanted: int, refund: bool) -> int:
         with self._lock:
             db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
-                if refund:
-                    granted = min(wanted, used)
-                    used -= granted
-                else:
-                    assert self.limit is not None
-                    granted = max(0, min(wanted, self.limit - used))
-                    used += granted
-                db.execute("UPDATE budget SET used = ? WHERE id = 1", (used,))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            with self._write_lock.held():
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
+                    if refund:
+                        granted = min(wanted, used)
+                        used -= granted
+                    else:
+                        assert self.limit is not None
+                        granted = max(0, min(wanted, self.limit - used))
+                        used += granted
+                    db.execute("UPDATE budget SET used = ? WHERE id = 1", (used,))
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
             return int(granted)
 
     async def reserve(self, wanted: int) -> int:
@@ -73,3 +77,4 @@ class PageBudget:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            self._write_lock.close()

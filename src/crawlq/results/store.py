@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..types import JSON
+from ..writelock import WriteLock
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
@@ -80,11 +81,12 @@ def _column_value(value: JSON) -> Scalar:
 
 class ResultsStore:
     """A SQLite file of results. Thread safe (one connection behind a lock); several
-    processes may share the file (WAL, busy timeout)."""
+    processes may share the file (WAL; writers take turns, see crawlq.writelock)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        self._write_lock = WriteLock(str(self.path))
         self._connection: sqlite3.Connection | None = None
         self._columns: dict[str, list[str]] = {}
         self._statements: dict[tuple[Any, ...], str] = {}
@@ -109,6 +111,7 @@ class ResultsStore:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
+            self._write_lock.close()
             self._columns.clear()
 
     async def aclose(self) -> None:
@@ -126,17 +129,18 @@ class ResultsStore:
         """Makes `records` the whole output of `stage` for input `ref`, atomically."""
         with self._lock:
             db = self._db()
-            for attempt in range(2):
-                for record in records:
-                    self._ensure_table(db, record)
-                try:
-                    self._replace(db, stage, ref, records)
-                    return
-                except sqlite3.OperationalError as exc:
-                    # another process added or dropped a column meanwhile: read it again
-                    if attempt or "column" not in str(exc):
-                        raise
-                    self._columns.clear()
+            with self._write_lock.held():
+                for attempt in range(2):
+                    for record in records:
+                        self._ensure_table(db, record)
+                    try:
+                        self._replace(db, stage, ref, records)
+                        return
+                    except sqlite3.OperationalError as exc:
+                        # another process added or dropped a column meanwhile: read it again
+                        if attempt or "column" not in str(exc):
+                            raise
+                        self._columns.clear()
 
     def _replace(
         self, db: sqlite3.Connection, stage: str, ref: str, records: Sequence[Record]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendCorrupt, BackendError, BackendUnavailable
+from ...writelock import WriteLock
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
@@ -98,6 +99,7 @@ class Store:
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
         self._check_file(create)
+        self._write_lock = WriteLock(path)
         try:
             self.db = sqlite3.connect(
                 path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
@@ -172,13 +174,14 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Takes the write lock now, so that reads inside decide on the latest state."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self.db.execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
+        with self._write_lock.held():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self.db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
         if self._checkpointer.wanted():
             self._restart_log()
 
@@ -213,6 +216,7 @@ class Store:
     def close(self) -> None:
         self._checkpointer.close()
         self.db.close()
+        self._write_lock.close()
 
 
 class Checkpointer:

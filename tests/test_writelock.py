@@ -1,0 +1,101 @@
+"""Writers of one SQLite file take turns through an flock beside it: held by one process (or
+one connection), no other can take it; a forked child does not inherit its parent's turn; a
+killed holder frees it."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from crawlq.writelock import WriteLock
+
+
+def can_take(path: str) -> bool:
+    """Whether another open file of `path` gets the lock now (never waits)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_held_turn_excludes_every_other_writer(tmp_path: Path) -> None:
+    lock, other = WriteLock(str(tmp_path / "q.db")), WriteLock(str(tmp_path / "q.db"))
+    with lock.held():
+        assert lock.path == str(tmp_path / "q.db-writer")
+        assert not can_take(lock.path)
+    assert can_take(lock.path)
+    with other.held():  # a second connection of the same process is another writer
+        assert not can_take(lock.path)
+    lock.close()
+    other.close()
+
+
+def _child_tries(lock: WriteLock, answer: multiprocessing.SimpleQueue[bool]) -> None:
+    fd = lock._descriptor()
+    assert fd is not None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        answer.put(False)
+    else:
+        answer.put(True)
+
+
+def test_a_forked_child_does_not_share_its_parents_turn(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    lock = WriteLock(str(tmp_path / "q.db"))
+    answer: multiprocessing.SimpleQueue[bool] = context.SimpleQueue()
+    with lock.held():
+        child = context.Process(target=_child_tries, args=(lock, answer))
+        child.start()
+        took = answer.get()
+        child.join(30)
+    assert took is False
+    lock.close()
+
+
+def _hold_forever(path: str, ready: multiprocessing.SimpleQueue[bool]) -> None:
+    with WriteLock(path).held():
+        ready.put(True)
+        signal.pause()
+
+
+def test_a_killed_holder_frees_the_turn(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    ready: multiprocessing.SimpleQueue[bool] = context.SimpleQueue()
+    holder = context.Process(target=_hold_forever, args=(str(tmp_path / "q.db"), ready))
+    holder.start()
+    try:
+        assert ready.get() is True
+        assert not can_take(str(tmp_path / "q.db-writer"))
+    finally:
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        holder.join(30)
+    assert can_take(str(tmp_path / "q.db-writer"))
+
+
+@pytest.mark.parametrize("database", [":memory:", "file:q?mode=memory"])
+def test_a_database_that_is_no_plain_file_goes_without(
+    tmp_path: Path, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    lock = WriteLock(database)
+    with lock.held():
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_that_takes_no_file_leaves_the_turn_to_sqlite(tmp_path: Path) -> None:
+    lock = WriteLock(str(tmp_path / "missing" / "q.db"))
+    with lock.held():
+        pass
+    assert not (tmp_path / "missing").exists()
