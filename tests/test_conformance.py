@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -383,6 +384,39 @@ async def test_ack_finishes_an_element(backend: Backend) -> None:
         "running": 0,
         "dead": 0,
     }
+
+
+async def test_finish_writes_follow_ups_acks_and_failures(
+    backend: Backend, clock: ManualClock
+) -> None:
+    await schedule(backend, "jobs", ["done", "flaky"])
+    done, flaky = sorted(await claim(backend, "jobs"), key=lambda c: c.payload)
+    follow = [prepare(config("pages"), url("a.test", 1), due=clock())]
+    retry = Failure(element=flaky, error="boom", retry_at=clock() + 4)
+    await backend.finish(follow, [done], [retry])
+    assert await counts(backend, "jobs") == {
+        "total": 1,
+        "due": 0,
+        "delayed": 1,
+        "running": 0,
+        "dead": 0,
+    }
+    assert [json.loads(c.payload) for c in await claim(backend)] == [url("a.test", 1)]
+
+
+async def test_finish_whose_follow_up_cannot_be_written_acks_nothing(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """The acks wait for their follow-ups: a task is never done while the work it handed on
+    is lost; it stays leased, and the worker writes both again."""
+    await schedule(backend, "jobs", ["x"])
+    taken = await claim(backend, "jobs")
+    follow = [replace(prepare(config("pages"), url("a.test"), due=clock()), queue="nowhere")]
+    with pytest.raises(UnknownQueue):
+        await backend.finish(follow, taken, [])
+    assert (await counts(backend, "jobs"))["running"] == 1
+    await backend.finish([], taken, [])
+    assert (await counts(backend, "jobs"))["total"] == 0
 
 
 async def test_failure_retries_at_the_given_time_counting_attempts(

@@ -14,7 +14,7 @@ import crawlq
 from crawlq.errors import ConfigError
 from crawlq.pipeline import Pipeline, Record, StoredResponse
 from crawlq.results import ResultsStore, export
-from crawlq.types import JSON, Claimed, GroupBy
+from crawlq.types import JSON, Claimed, Failure, GroupBy, Schedule
 
 
 @pytest.fixture
@@ -132,11 +132,12 @@ def test_a_pipeline_declares_its_fetch_stage_first_and_refuses_to_reprocess_it(
     pipeline.results.close()
 
 
-async def test_follow_up_work_is_written_just_before_the_ack_and_only_on_success(
+async def test_follow_up_work_is_written_with_the_ack_and_only_on_success(
     tmp_path: Path,
 ) -> None:
-    """`ctx.schedule_with_ack` (how a stage schedules the next): the follow-up is in the queue
-    when the task's ack is written, and a failed attempt schedules nothing."""
+    """`ctx.schedule_with_ack` (how a stage schedules the next): the follow-up is written in
+    the same backend call as the task's ack (one SQLite transaction), and a failed attempt
+    schedules nothing."""
     app = crawlq.App(f"sqlite:///{tmp_path / 'q.db'}")
     ran: list[int] = []
 
@@ -151,17 +152,20 @@ async def test_follow_up_work_is_written_just_before_the_ack_and_only_on_success
             raise RuntimeError("fails once")
 
     backend = await app.backend()
-    acked = backend.ack
-    followed_at_ack: list[bool] = []
+    finished = backend.finish
+    followed_with_ack: list[bool] = []
 
-    async def ack(elements: Sequence[Claimed]) -> None:
-        for element in elements:
+    async def finish(
+        follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
+    ) -> None:
+        keys = {item.key for item in follow}
+        for element in acks:
             if element.queue == "first":
-                follow = json.loads(element.payload) * 10 + element.attempt
-                followed_at_ack.append(await backend.element("after", str(follow)) is not None)
-        await acked(elements)
+                expected = json.loads(element.payload) * 10 + element.attempt
+                followed_with_ack.append(str(expected) in keys)
+        await finished(follow, acks, failures)
 
-    backend.ack = ack  # type: ignore[method-assign]
+    backend.finish = finish  # type: ignore[method-assign]
     try:
         await app.aschedule_many(first, list(range(10)))
         stats = await crawlq.Worker(app, burst=True, burst_horizon=1).run()
@@ -169,6 +173,6 @@ async def test_follow_up_work_is_written_just_before_the_ack_and_only_on_success
         assert stats.failed == 5
         # the follow-ups of the succeeding attempts (the first for even n, the second for odd)
         assert sorted(ran) == sorted(n * 10 + 1 + n % 2 for n in range(10))
-        assert followed_at_ack == [True] * 10
+        assert followed_with_ack == [True] * 10
     finally:
         await app.aclose()

@@ -56,6 +56,14 @@ class Backend(Protocol):
 
     async def fail(self, failures: Sequence[Failure]) -> None: ...
 
+    async def finish(
+        self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
+    ) -> None:
+        """What a worker finished since its last write: the follow-up work its tasks asked to
+        schedule with their acks first, then the acks and failures. SQLite writes all of it in
+        one transaction; Redis in that order, so a crash between leaves the tasks unacked (they
+        run again) and never acks a task whose follow-ups are not written."""
+
     async def release(self, elements: Sequence[Claimed]) -> None:
         """Returns unfinished elements to their queue at once, the attempt not counted."""
 

@@ -360,14 +360,7 @@ class Worker:
         failures, self._failures = self._failures, []
         self._flushing = True
         try:
-            if follow:
-                await backend.schedule(follow)
-                follow = []
-            if acks:
-                await backend.ack(acks)
-                acks = []
-            if failures:
-                await backend.fail(failures)
+            await backend.finish(follow, acks, failures)
             self._flushes += 1
             self._changed.set()
         except BaseException:

@@ -343,6 +343,14 @@ class RedisBackend:
         if failures:
             await self._settle("fail", failures)
 
+    async def finish(
+        self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
+    ) -> None:
+        if follow:
+            await self.schedule(follow)
+        await self.ack(acks)
+        await self.fail(failures)
+
     async def release(self, elements: Sequence[Claimed]) -> None:
         if elements:
             await self._settle("release", [Failure(element=e, error="") for e in elements])

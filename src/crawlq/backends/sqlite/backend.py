@@ -210,6 +210,12 @@ class SQLiteBackend:
         if failures:
             self._wake.send(await self._call(self.engine.fail, failures))
 
+    async def finish(
+        self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
+    ) -> None:
+        if follow or acks or failures:
+            self._wake.send(await self._call(self.engine.finish, follow, acks, failures))
+
     async def release(self, elements: Sequence[Claimed]) -> None:
         if elements:
             self._wake.send(await self._call(self.engine.release, elements))

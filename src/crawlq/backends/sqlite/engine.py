@@ -210,17 +210,20 @@ class Engine:
         try:
             with self.store.transaction():
                 results = [self._schedule(items) for items in batches]
-                changed = {
-                    item.queue
-                    for items, result in zip(batches, results, strict=True)
-                    if result.added or result.moved
-                    for item in items
-                }
-                wake = self._wake_addresses(self._queues[name].id for name in changed)
+                changed: set[int] = set()
+                for items, result in zip(batches, results, strict=True):
+                    changed |= self._scheduled_queues(items, result)
+                wake = self._wake_addresses(changed)
         except BaseException:
             self._forget_groups()  # ids it cached may be of groups it inserted, now undone
             raise
         return results, wake
+
+    def _scheduled_queues(self, items: Sequence[Schedule], result: ScheduleResult) -> set[int]:
+        """The queues a schedule gave claimable work, or an earlier due time, to wake for."""
+        if not (result.added or result.moved):
+            return set()
+        return {self._queues[name].id for name in {item.queue for item in items}}
 
     def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
         merged = merge(items)
@@ -408,35 +411,35 @@ class Engine:
         action: Callable[[int, Lease, float, set[Pair]], None],
         *,
         running_only: bool,
-    ) -> list[str]:
+    ) -> set[int]:
         """Applies `action(i, lease, now, pairs)` to each element whose lease is still this run's
-        (its attempt and claim time fence it), in one transaction; returns whom to wake."""
+        (its attempt and claim time fence it), inside the caller's transaction; returns the
+        queues that got claimable work."""
         pairs: set[Pair] = set()
         gates: set[int] = set()
-        with self.store.transaction():
-            now = self.clock()
-            for i, element in enumerate(elements):
-                params = {
-                    "id": element.ref,
-                    "attempt": element.attempt,
-                    "claimed_at": element.claimed_at,
-                }
-                lease: Lease | None = self.store.run("lookup_lease", params).fetchone()
-                if lease is None or (running_only and lease[2] != RUNNING):
-                    continue
-                if lease[2] == RUNNING:
-                    gates.add(lease[1])
-                action(i, lease, now, pairs)
-            return self._wake_addresses(self._settle(pairs, gates, now))
+        now = self.clock()
+        for i, element in enumerate(elements):
+            params = {
+                "id": element.ref,
+                "attempt": element.attempt,
+                "claimed_at": element.claimed_at,
+            }
+            lease: Lease | None = self.store.run("lookup_lease", params).fetchone()
+            if lease is None or (running_only and lease[2] != RUNNING):
+                continue
+            if lease[2] == RUNNING:
+                gates.add(lease[1])
+            action(i, lease, now, pairs)
+        return self._settle(pairs, gates, now)
 
-    def ack(self, elements: Sequence[Claimed]) -> list[str]:
+    def _acked(self, elements: Sequence[Claimed]) -> set[int]:
         def done(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
             self._finish(elements[i], lease, now, pairs)
 
         # An element whose lease expired, but that no one ran again yet, is done too.
         return self._each_leased(elements, done, running_only=False)
 
-    def fail(self, failures: Sequence[Failure]) -> list[str]:
+    def _failed(self, failures: Sequence[Failure]) -> set[int]:
         def failed(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
             failure = failures[i]
             element = failure.element
@@ -455,12 +458,35 @@ class Engine:
 
         return self._each_leased([f.element for f in failures], failed, running_only=True)
 
+    def ack(self, elements: Sequence[Claimed]) -> list[str]:
+        with self.store.transaction():
+            return self._wake_addresses(self._acked(elements))
+
+    def fail(self, failures: Sequence[Failure]) -> list[str]:
+        with self.store.transaction():
+            return self._wake_addresses(self._failed(failures))
+
+    def finish(
+        self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
+    ) -> list[str]:
+        """What a worker finished, in one transaction: the follow-up work first, then the acks
+        and failures; returns whom to wake."""
+        try:
+            with self.store.transaction():
+                queues = self._scheduled_queues(follow, self._schedule(follow)) if follow else set()
+                queues |= self._acked(acks) | self._failed(failures)
+                return self._wake_addresses(queues)
+        except BaseException:
+            self._forget_groups()  # ids it cached may be of groups it inserted, now undone
+            raise
+
     def release(self, elements: Sequence[Claimed]) -> list[str]:
         def returned(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
             element = elements[i]
             self._requeue(element.ref, element.due, now, -1, None, (lease[0], lease[1]), pairs)
 
-        return self._each_leased(elements, returned, running_only=True)
+        with self.store.transaction():
+            return self._wake_addresses(self._each_leased(elements, returned, running_only=True))
 
     def heartbeat(self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float) -> None:
         with self.store.transaction():
