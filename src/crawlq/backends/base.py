@@ -61,8 +61,9 @@ class Backend(Protocol):
     ) -> None:
         """What a worker finished since its last write: the follow-up work its tasks asked to
         schedule with their acks first, then the acks and failures. SQLite writes all of it in
-        one transaction; Redis in that order, so a crash between leaves the tasks unacked (they
-        run again) and never acks a task whose follow-ups are not written."""
+        one transaction. Redis writes it in that order, so an ack is never written without its
+        follow-ups; should it fail midway, the worker writes all of it again, so follow-ups
+        are written at least once, as tasks run at least once."""
 
     async def release(self, elements: Sequence[Claimed]) -> None:
         """Returns unfinished elements to their queue at once, the attempt not counted."""
