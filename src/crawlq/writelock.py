@@ -14,9 +14,27 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sqlite3
 from collections.abc import Iterator
 
 SUFFIX = "-writer"
+
+
+@contextlib.contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction that takes SQLite's lock at once (so reads inside decide on the
+    latest state): committed at the end, rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        # SQLite may have rolled back by itself (after a full disk, say); should ROLLBACK fail
+        # too, the error that caused it says more, and SQLite undoes it on reopening.
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
 
 
 class WriteLock:
@@ -57,6 +75,12 @@ class WriteLock:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def transaction(self, db: sqlite3.Connection) -> Iterator[None]:
+        """`immediate(db)` in this connection's turn."""
+        with self.held(), immediate(db):
+            yield
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():

@@ -40,22 +40,16 @@ class PageBudget:
     def _change(self, wanted: int, refund: bool) -> int:
         with self._lock:
             db = self._db()
-            with self._write_lock.held():
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
-                    if refund:
-                        granted = min(wanted, used)
-                        used -= granted
-                    else:
-                        assert self.limit is not None
-                        granted = max(0, min(wanted, self.limit - used))
-                        used += granted
-                    db.execute("UPDATE budget SET used = ? WHERE id = 1", (used,))
-                    db.execute("COMMIT")
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
+            with self._write_lock.transaction(db):
+                (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
+                if refund:
+                    granted = min(wanted, used)
+                    used -= granted
+                else:
+                    assert self.limit is not None
+                    granted = max(0, min(wanted, self.limit - used))
+                    used += granted
+                db.execute("UPDATE budget SET used = ? WHERE id = 1", (used,))
             return int(granted)
 
     async def reserve(self, wanted: int) -> int:

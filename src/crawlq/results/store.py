@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..types import JSON
-from ..writelock import WriteLock
+from ..writelock import WriteLock, immediate
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
@@ -145,8 +145,7 @@ class ResultsStore:
     def _replace(
         self, db: sqlite3.Connection, stage: str, ref: str, records: Sequence[Record]
     ) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(db):
             types = {r.type for r in records}
             known = [
                 row[0] for row in db.execute("SELECT type FROM _types WHERE stage = ?", (stage,))
@@ -172,10 +171,6 @@ class ResultsStore:
                 " updated = excluded.updated",
                 (stage, ref, len(records), now),
             )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _upsert(self, record: Record) -> str:
         """The statement writing `record`: its fields set, every other column of its type

@@ -511,10 +511,11 @@ class Engine:
 
     def _wake_addresses(self, queue_ids: Iterable[int]) -> list[str]:
         """The workers to wake because the given queues got claimable work."""
-        ids = json.dumps(sorted(set(queue_ids)))
-        if ids == "[]":
+        ids = sorted(set(queue_ids))
+        if not ids:
             return []
-        return [address for (address,) in self.store.run("wake_addresses", {"queue_ids": ids})]
+        params = {"queue_ids": json.dumps(ids)}
+        return [address for (address,) in self.store.run("wake_addresses", params)]
 
     def register_worker(self, worker: WorkerInfo) -> None:
         with self.store.transaction():

@@ -7,7 +7,6 @@ two claims never interleave.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sqlite3
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendCorrupt, BackendError, BackendUnavailable
-from ...writelock import WriteLock
+from ...writelock import WriteLock, immediate
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
@@ -151,8 +150,7 @@ class Store:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self.db):
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise BackendError(
@@ -166,32 +164,14 @@ class Store:
                     for statement in _statements(script):
                         self.db.execute(statement)
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self.db.execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Takes the write lock now, so that reads inside decide on the latest state."""
-        with self._write_lock.held():
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-                self.db.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        with self._write_lock.transaction(self.db):
+            yield
         if self._checkpointer.wanted():
             self._restart_log()
-
-    def _rollback(self) -> None:
-        """Undoes the open transaction, if SQLite has not already (it rolls back by itself
-        after some errors, a full disk among them), keeping the error that caused it."""
-        if self.db.in_transaction:
-            # Should this fail too, the caller's error says more; SQLite undoes it on reopening.
-            with contextlib.suppress(sqlite3.Error):
-                self.db.execute("ROLLBACK")
 
     def _restart_log(self) -> None:
         """The log is long and the checkpointer has copied nearly all of it: copies the rest
