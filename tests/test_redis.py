@@ -100,6 +100,25 @@ async def test_namespaces_keep_queues_apart(redis_server: RedisServer) -> None:
         await two.close()
 
 
+async def test_a_server_that_lost_the_function_library_gets_it_again(
+    redis_server: RedisServer,
+) -> None:
+    backend = open_backend(f"{redis_server.url}?namespace=lost-library")
+    await backend.open()
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await backend.ensure_queues([config("jobs")])
+        client.function_flush()  # as a restart without persistence would leave it
+        assert client.function_list() == []
+        await schedule(backend, "jobs", ["after the flush"])
+        assert [c.payload for c in await claim(backend, "jobs")] == ['"after the flush"']
+        libraries: Any = client.function_list()  # typed "awaitable or value"
+        assert len(libraries) == 1
+    finally:
+        client.close()
+        await backend.close()
+
+
 async def test_opening_without_create_refuses_an_empty_namespace(
     redis_server: RedisServer,
 ) -> None:

@@ -1,6 +1,7 @@
 """The Redis backend: the same queue on a shared engine, so workers on many machines keep
-politeness cluster-wide. Each operation is one Lua script (lua/), one atomic step and one
-round trip; the key layout is documented in lua/common.lua and docs/redis.md.
+politeness cluster-wide. Each operation is one Lua function (lua/, loaded as one library by
+scripts.py), one atomic step and one round trip; the key layout is documented in
+lua/common.lua and docs/redis.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
@@ -43,11 +43,10 @@ from ...types import (
 from ...wakeup import Listener
 from ..batch import merge
 from ..views import dead_element, live_element
-from . import records
+from . import records, scripts
 from .check import check
 from .globs import lua_pattern
 from .listener import RedisListener
-from .scripts import register
 
 DEFAULT_NAMESPACE = "crawlq"
 #: The "seen" digests are spread over this many sets, so each stays a compact intset.
@@ -107,7 +106,6 @@ class RedisBackend:
         self._anchor = self.prefix + "queues"
         self._create = create
         self._client: Redis | None = None
-        self._scripts: dict[str, AsyncScript] = {}
 
     async def __aenter__(self) -> RedisBackend:
         await self.open()
@@ -144,6 +142,7 @@ class RedisBackend:
         try:
             await asyncio.to_thread(self._probe)
             await client.ping()
+            await self._load_scripts(client)
             fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
             if fresh:
                 if not self._create:
@@ -166,7 +165,18 @@ class RedisBackend:
             await client.aclose()
             raise
         self._client = client
-        self._scripts = register(client)
+
+    async def _load_scripts(self, client: Redis) -> None:
+        try:
+            await scripts.load(client)
+        except ResponseError as exc:
+            if "unknown command" not in str(exc).lower():
+                raise
+            info: Any = await client.info("server")
+            raise BackendError(
+                f"Redis at {self.url} is version {info.get('redis_version', '?')}: crawlq "
+                "needs Redis 7.0 or later (its operations are a Redis function library)"
+            ) from None
 
     def _probe(self) -> None:
         """One PING without retries, so a server that is not there is reported at once. With
@@ -211,11 +221,9 @@ class RedisBackend:
 
     async def _run(self, script: str, payload: Any, *extra: str) -> Any:
         args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(payload), *extra]
+        client = self.client
         try:
-            run = self._scripts[script]
-            return await self._patiently(lambda: run(keys=[self._anchor], args=args))
-        except KeyError:
-            raise BackendError(f"backend {self.url} is not open") from None
+            return await self._patiently(lambda: scripts.call(client, script, [self._anchor], args))
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:

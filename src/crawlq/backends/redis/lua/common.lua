@@ -1,6 +1,8 @@
--- crawlq on Redis: helpers shared by every script (scripts.py prepends this file to each).
+-- crawlq on Redis: helpers shared by every operation. This file heads the function library
+-- (scripts.py) and runs once, when the library loads; each operation's file is the body of a
+-- function that first calls `begin`, which sets what is per call (below).
 --
--- Calling convention of every script:
+-- Calling convention of every operation:
 --   KEYS[1]  {ns}:queues   the namespace's anchor key (all keys share the hash tag {ns})
 --   ARGV[1]  "{ns}:"       the key prefix
 --   ARGV[2]  now           the caller's clock in seconds since the epoch, or "" for the server's
@@ -46,13 +48,8 @@
 --   P q:<#q>:<q>:s:<b>  set    seen: 64-bit digests of finished keys, in 2^18 buckets so each
 --                              stays a compact intset (8 bytes an entry)
 
-local P = ARGV[1]
--- Without a clock from the caller, the server's: one time for every machine.
-local NOW = tonumber(ARGV[2])
-if NOW == nil then
-    local t = redis.call('TIME')
-    NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
-end
+-- Per call, set by `begin`: the key prefix and the time of the call.
+local P, NOW
 local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
@@ -123,7 +120,7 @@ local function records(queue, field)
 end
 
 -- Group numbers, both ways, read once a call.
-local group_ids, group_names = {[''] = 0}, {[0] = ''}
+local group_ids, group_names
 
 local function group_id(group)
     local id = group_ids[group]
@@ -207,8 +204,8 @@ local function save(queue, field, rec)
     redis.call('HSET', records(queue, field), field, encode(rec))
 end
 
--- Counters change many times in a script: the deltas add up here and reach Redis once, in
--- `flush` (every script that counts calls it last). `gate` reads a group's running count
+-- Counters change many times in a call: the deltas add up here and reach Redis once, in
+-- `flush` (every operation that counts calls it last). `gate` reads a group's running count
 -- through `pending` so it sees the deltas too.
 local deltas = {}
 local function add(key, field, delta)
@@ -253,7 +250,7 @@ local function apply_chunked(command, key, members)
     end
 end
 
-local GROUP_PREFIX = P .. 'g:'
+local GROUP_PREFIX
 
 local function flush()
     for key, fields in pairs(deltas) do
@@ -539,4 +536,21 @@ local function apply(item, touched)
         return MOVED
     end
     return KEPT
+end
+
+-- -- a call ----------------------------------------------------------------------------------
+
+-- The library's locals outlive a call: whatever a call may change or cache starts afresh here.
+local function begin(ARGV)
+    P = ARGV[1]
+    -- Without a clock from the caller, the server's: one time for every machine.
+    NOW = tonumber(ARGV[2])
+    if NOW == nil then
+        local t = redis.call('TIME')
+        NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
+    end
+    GROUP_PREFIX = P .. 'g:'
+    group_ids, group_names = {[''] = 0}, {[0] = ''}
+    deltas, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}
+    queue_names, queue_configs, limit_rules = nil, {}, nil
 end
