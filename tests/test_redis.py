@@ -119,6 +119,34 @@ async def test_a_server_that_lost_the_function_library_gets_it_again(
         await backend.close()
 
 
+async def test_record_buckets_grow_with_the_queue(redis_server: RedisServer) -> None:
+    """Linear hashing (lua/common.lua, `grow`): about 32 records a bucket at every size, each
+    bucket a listpack, every record in the bucket its state says, every element found."""
+    backend = open_backend(f"{redis_server.url}?namespace=growing")
+    await backend.open()
+    client = redis.Redis.from_url(redis_server.url)
+    keys = [url(f"h{n % 50}.test", n) for n in range(3_000)]
+    try:
+        await backend.ensure_queues([config("pages")])
+        for start in range(0, len(keys), 300):  # the state is read back by every call
+            await schedule(backend, "pages", keys[start : start + 300])
+            held = start + 300
+            buckets: list[Any] = list(client.scan_iter(match="{growing}:q:5:pages:e:*"))
+            assert held / 32 <= len(buckets) <= held / 32 + 1
+        encodings = {client.object("encoding", name) for name in buckets}
+        assert encodings == {b"listpack"}
+        assert await backend.check() == []
+        for key in keys[::97]:
+            found = await backend.element("pages", json.dumps(key))
+            assert found is not None and found.payload == json.dumps(key)
+        claimed = await claim(backend, "pages", limit=1_000)
+        await backend.ack(claimed)
+        assert await backend.check() == []
+    finally:
+        client.close()
+        await backend.close()
+
+
 async def test_opening_without_create_refuses_an_empty_namespace(
     redis_server: RedisServer,
 ) -> None:
@@ -135,7 +163,7 @@ async def test_a_namespace_of_another_layout_is_refused_untouched(
     client = redis.Redis.from_url(redis_server.url)
     client.set("{older}:version", "1")
     client.hset("{older}:q:5:pages:e", "x" * 8, "a record of layout 1")
-    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 2"):
+    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 3"):
         await open_backend(f"{redis_server.url}?namespace=older").open()
     stored: Any = client.hget("{older}:q:5:pages:e", "x" * 8)  # typed "awaitable or value"
     assert stored == b"a record of layout 1"

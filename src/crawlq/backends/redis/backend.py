@@ -53,7 +53,7 @@ DEFAULT_NAMESPACE = "crawlq"
 SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
@@ -519,10 +519,23 @@ class RedisBackend:
         return dead_element(letter, _attempts(past))
 
     async def _record(self, queue: str, field: bytes) -> list[Any] | None:
-        """The element record stored under `field`, decoded (records.py), or None."""
-        raw = await self._hget(self._queue_key(queue, f"e:{records.bucket(field)}"), field)
-        if raw is None:
-            return None
+        """The element record stored under `field`, decoded (records.py), or None. Its bucket
+        is read again should the buckets have grown between reading their state and it."""
+        state = None
+        while True:
+            read = await self._call(
+                lambda: self.client.hmget(self._queue_key(queue, "eb"), ["l", "s"])
+            )
+            if read == state:
+                return None
+            state = read
+            level, split = (int(n or 0) for n in state)
+            raw = await self._hget(
+                self._queue_key(queue, f"e:{records.bucket(field, level, split)}"), field
+            )
+            if raw is not None:
+                break
+        rec = records.unpack(raw)
         rec = records.unpack(raw)
         group = ""
         if rec[records.GROUP]:

@@ -65,12 +65,13 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     problems += _check_group_numbers(groups, names)
     for queue in queues:
         stored = {}
+        level, split = (int(n or 0) for n in await client.hmget(key(queue, "eb"), ["l", "s"]))
         buckets = key(queue, "e:")
         async for name in client.scan_iter(match=_glob_literal(buckets) + "*", count=1000):
             bucket = name.decode()[len(buckets) :]
             for field, raw in (await client.hgetall(name)).items():
                 stored[field] = raw
-                if str(records.bucket(field)) != bucket:
+                if str(records.bucket(field, level, split)) != bucket:
                     problems.append(f"{queue}: field {field!r} is in bucket {bucket}")
         delayed = dict(await client.zrange(key(queue, "d"), 0, -1, withscores=True))
         counts = {int(k): int(v) for k, v in (await client.hgetall(key(queue, "n"))).items()}

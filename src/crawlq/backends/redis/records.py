@@ -3,7 +3,8 @@ the Python side that reads them: element lookups and the consistency check.
 
 A record is a msgpack array holding its group as a number (names in the hash `P gn`) and its
 key without the group's name where the key holds it (KEY_AT: where it was), with the falses at
-the end left off; each lives in one of RECORD_BUCKETS hashes, picked by its field.
+the end left off; each lives in one of the queue's buckets (hashes), picked by its field and
+the buckets' linear hashing state (`bucket`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ import msgpack
     HISTORY,
 ) = range(15)
 SIZE = 15
-RECORD_BUCKETS = 32768
 
 
-def bucket(field: bytes) -> int:
-    """The number of the hash holding the record of `field`, as `records` in common.lua."""
-    return (field[0] % (RECORD_BUCKETS // 256)) * 256 + field[1]
+def bucket(field: bytes, level: int, split: int) -> int:
+    """The number of the hash holding the record of `field` when the queue's buckets are at
+    `level` and `split` (its `eb` hash), as `records` in common.lua."""
+    h = int.from_bytes(field[:4], "big")
+    number = h % (1 << level)
+    if number < split:
+        number = h % (2 << level)
+    return number
 
 
 def unpack(raw: bytes) -> list[Any]:

@@ -26,11 +26,12 @@
 --   P wake              pubsub channel: something became claimable
 --   P gn                hash   group number -> group name; P g:<g> holds the number as `id`
 --   P gseq              string the last group number given
---   P q:<#q>:<q>:e:<b>  hash   field -> msgpack element record (see REC below), in RECORD_BUCKETS
---                              buckets by field (b: the field's first two bytes, see `records`),
---                              so each stays a compact listpack. An element's field is the 8-byte
---                              digest of its key; the rare key whose digest another key holds
---                              gets digest .. key, and the digest joins ec
+--   P q:<#q>:<q>:e:<b>  hash   field -> msgpack element record (see REC below), in buckets that
+--                              grow with the queue (see eb and `records`), so each stays a small
+--                              listpack. An element's field is the 8-byte digest of its key; the
+--                              rare key whose digest another key holds gets digest .. key, and
+--                              the digest joins ec
+--   P q:<#q>:<q>:eb     hash   the buckets' linear hashing: l level, s the next bucket to split
 --   P q:<#q>:<q>:ec     set    digests shared by more than one key (see e:<b>)
 --   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
 --   P q:<#q>:<q>:d      zset   delayed fields by due time
@@ -58,12 +59,11 @@ local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, KEY, KEY_AT, LEASE, WORKER, NEXT_DUE,
       NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 local REC_SIZE = 15
--- 32768 buckets keep a queue's records in listpacks up to ~16 million elements (512 each, Redis's
--- default hash-max-listpack-entries), when each is at most hash-max-listpack-value bytes; a
--- lookup scans its bucket, so fewer, fuller buckets (8192: 14% less memory at 100,000 elements)
--- made a claim at 1,000,000 elements 23% slower. Growing the count with the queue (linear
--- hashing) would give both.
-local RECORD_BUCKETS = 32768
+-- A queue's records fill buckets of about this many on average: each key costs Redis ~90 bytes,
+-- and a lookup scans its bucket (a listpack), so the buckets grow in number with the queue
+-- (linear hashing) and keep both small. Fixed, 32,768 buckets cost 29 bytes an element at
+-- 100,000 elements, and 8,192 made a claim at 1,000,000 elements 23% slower (122 a bucket).
+local RECORDS_PER_BUCKET = 32
 -- HISTORY, once the element ran: its last attempts, {attempt, claimed at, worker, outcome or
 -- false while running}, at most HISTORY_SIZE.
 local HISTORY_SIZE = 10
@@ -113,10 +113,36 @@ end
 
 -- -- element records ------------------------------------------------------------------------
 
--- The hash holding the record of `field` (its first two bytes pick the bucket).
+-- Linear hashing: a queue's 2^level + split buckets; the field's first four bytes, h, pick
+-- bucket h mod 2^level, or h mod 2^(level + 1) where that bucket was split already. Read once
+-- a call per queue: {level, split}.
+local bucket_states
+
+local function bucket_state(queue)
+    local state = bucket_states[queue]
+    if state == nil then
+        local stored = redis.call('HMGET', qkey(queue, 'eb'), 'l', 's')
+        state = {tonumber(stored[1]) or 0, tonumber(stored[2]) or 0}
+        bucket_states[queue] = state
+    end
+    return state
+end
+
+local function field_hash(field)
+    local a, b, c, d = string.byte(field, 1, 4)
+    return ((a * 256 + b) * 256 + c) * 256 + d
+end
+
+local function bucket_of(h, state)
+    local low = 2 ^ state[1]
+    local bucket = h % low
+    if bucket < state[2] then bucket = h % (2 * low) end
+    return bucket
+end
+
+-- The hash holding the record of `field`.
 local function records(queue, field)
-    local bucket = (string.byte(field, 1) % (RECORD_BUCKETS / 256)) * 256 + string.byte(field, 2)
-    return qkey(queue, 'e:' .. bucket)
+    return qkey(queue, 'e:' .. bucket_of(field_hash(field), bucket_state(queue)))
 end
 
 -- Group numbers, both ways, read once a call.
@@ -488,6 +514,41 @@ local function finish(queue, field, rec, seen_digest, bucket, touched)
     redis.call('HDEL', records(queue, field), field)
 end
 
+-- A record was added: one more bucket once the queue holds more than RECORDS_PER_BUCKET a
+-- bucket, the next one to split giving the new one the records that now hash there.
+local function grow(queue)
+    local state = bucket_state(queue)
+    if state[3] then
+        state[3] = state[3] + 1
+    else  -- how many records the queue holds, this one included (its count is pending)
+        local n = qkey(queue, 'n')
+        local stored = redis.call('HMGET', n, DELAYED, READY, RUNNING)
+        state[3] = (tonumber(stored[1]) or 0) + (tonumber(stored[2]) or 0)
+            + (tonumber(stored[3]) or 0) + pending(n, DELAYED) + pending(n, READY)
+            + pending(n, RUNNING)
+    end
+    local low = 2 ^ state[1]
+    if state[3] <= (low + state[2]) * RECORDS_PER_BUCKET then return end
+    local from = qkey(queue, 'e:' .. state[2])
+    local to = qkey(queue, 'e:' .. (state[2] + low))
+    local flat = redis.call('HGETALL', from)
+    local moved, names = {}, {}
+    for i = 1, #flat, 2 do
+        if field_hash(flat[i]) % (2 * low) ~= state[2] then
+            table.insert(moved, flat[i])
+            table.insert(moved, flat[i + 1])
+            table.insert(names, flat[i])
+        end
+    end
+    if #names > 0 then
+        redis.call('HSET', to, unpack(moved))
+        redis.call('HDEL', from, unpack(names))
+    end
+    state[2] = state[2] + 1
+    if state[2] == low then state[1], state[2] = state[1] + 1, 0 end
+    redis.call('HSET', qkey(queue, 'eb'), 'l', state[1], 's', state[2])
+end
+
 -- -- schedule ----------------------------------------------------------------------------------
 
 local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
@@ -512,6 +573,7 @@ local function apply(item, touched)
         place(queue, field, rec, touched)
         group_count(group, 'q', 1)
         save(queue, field, rec)
+        grow(queue)
         return ADDED
     end
     if rec[STATE] == RUNNING then
@@ -550,7 +612,7 @@ local function begin(ARGV)
         NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
     end
     GROUP_PREFIX = P .. 'g:'
-    group_ids, group_names = {[''] = 0}, {[0] = ''}
+    group_ids, group_names, bucket_states = {[''] = 0}, {[0] = ''}, {}
     deltas, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules = nil, {}, nil
 end
