@@ -348,7 +348,7 @@ async def test_schedule_wakes_an_idle_listener(url: str, clock: ManualClock) -> 
     producer, consumer = open_backend(url, clock=clock), open_backend(url, clock=clock)
     await producer.open()
     await consumer.open()
-    listener = await consumer.listen()
+    listener = await consumer.listen(["jobs"])
     try:
         await consumer.ensure_queues([config("jobs")])
         info = WorkerInfo(

@@ -4,8 +4,10 @@ exactly as fnmatch matches them in Python."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -143,6 +145,56 @@ async def test_record_buckets_grow_with_the_queue(redis_server: RedisServer) -> 
         await backend.ack(claimed)
         assert await backend.check() == []
     finally:
+        client.close()
+        await backend.close()
+
+
+def _woken_queues(pubsub: Any, client: Any, namespace: str) -> list[str]:
+    """The queues woken since the last call: every message up to a marker published now
+    (Redis delivers one connection's messages in order)."""
+    client.publish(f"{{{namespace}}}:wake:<marker>", "1")
+    woken = []
+    deadline = time.monotonic() + 10
+    while True:
+        assert time.monotonic() < deadline, "the marker never came"
+        message = pubsub.get_message(timeout=1)
+        if message is None or message["type"] != "pmessage":
+            continue  # the subscription's confirmation
+        queue = message["channel"].decode().partition(":wake:")[2]
+        if queue == "<marker>":
+            return woken
+        woken.append(queue)
+
+
+async def test_only_the_workers_of_queues_with_new_work_are_woken(
+    redis_server: RedisServer,
+) -> None:
+    """Per-queue channels: a schedule wakes its queue's workers only, and a slot freed in
+    one queue wakes the other queue waiting on the same group."""
+    backend = open_backend(f"{redis_server.url}?namespace=per-queue-wake")
+    await backend.open()
+    client = redis.Redis.from_url(redis_server.url)
+    pubsub = client.pubsub()
+    pubsub.psubscribe("{per-queue-wake}:wake:*")
+    listener = await backend.listen(["pages"])
+    try:
+        await backend.ensure_queues([config("pages"), config("login")])
+        await backend.set_limits([LimitRule(pattern="one.test", limit=Limit(concurrency=1))])
+        assert _woken_queues(pubsub, client, "per-queue-wake") == []
+        await schedule(backend, "login", [url("one.test", "login")])
+        assert _woken_queues(pubsub, client, "per-queue-wake") == ["login"]
+        assert not listener.event.is_set()
+        await schedule(backend, "pages", [url("one.test", 1)])
+        assert _woken_queues(pubsub, client, "per-queue-wake") == ["pages"]
+        await asyncio.wait_for(listener.event.wait(), 10)
+        (running,) = await claim(backend, "login")
+        assert await claim(backend, "pages") == []  # the group's one slot is taken
+        assert _woken_queues(pubsub, client, "per-queue-wake") == []
+        await backend.ack([running])
+        assert _woken_queues(pubsub, client, "per-queue-wake") == ["pages"]
+    finally:
+        await listener.close()
+        pubsub.close()
         client.close()
         await backend.close()
 

@@ -36,8 +36,9 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def listen(self) -> Listener:
-        """A wake-up listener for an idle worker, bound to the running event loop."""
+    async def listen(self, queues: Sequence[str]) -> Listener:
+        """A wake-up listener for an idle worker of these queues, bound to the running event
+        loop: set when one of them may have work to claim sooner than the worker thought."""
 
     async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:
         """Creates or updates queues; their settings are stored for tools without task code."""

@@ -121,7 +121,7 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         backend = await self.app.backend()
-        listener = await backend.listen()
+        listener = await backend.listen(self.queues)
         info = WorkerInfo(
             id=self.id,
             host=socket.gethostname(),

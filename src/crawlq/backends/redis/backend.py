@@ -251,8 +251,9 @@ class RedisBackend:
     def _queue_key(self, queue: str, kind: str) -> str:
         return f"{self.prefix}q:{len(queue.encode())}:{queue}:{kind}"
 
-    async def listen(self) -> Listener:
-        return await RedisListener(self.client, self.prefix + "wake").started()
+    async def listen(self, queues: Sequence[str]) -> Listener:
+        channels = [f"{self.prefix}wake:{queue}" for queue in queues]
+        return await RedisListener(self.client, channels).started()
 
     # -- queues -------------------------------------------------------------------------------
 

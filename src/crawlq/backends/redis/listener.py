@@ -1,5 +1,6 @@
-"""Waking idle workers through Redis pub/sub: scripts publish on `{ns}:wake` when they make
-work claimable, and every idle worker on every machine hears it.
+"""Waking idle workers through Redis pub/sub: an operation that makes work claimable in a
+queue publishes on `{ns}:wake:<queue>`, and every idle worker of that queue, on every
+machine, hears it; workers of other queues sleep on.
 
 A lost message costs nothing but latency: an idle worker also wakes at the next claimable
 time the claim reported. After a lost connection the listener sets its event (so the worker
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, TimeoutError
@@ -19,13 +21,13 @@ log = logging.getLogger("crawlq.redis")
 
 
 class RedisListener:
-    def __init__(self, client: Redis, channel: str) -> None:
-        self.address = channel
+    def __init__(self, client: Redis, channels: Sequence[str]) -> None:
+        self.address = " ".join(channels)
         self.event = asyncio.Event()
         self._client = client
-        self._channel = channel
+        self._channels = list(channels)
         self._subscribed = asyncio.Event()
-        self._task = asyncio.create_task(self._listen(), name=f"crawlq-wake-{channel}")
+        self._task = asyncio.create_task(self._listen(), name=f"crawlq-wake-{self.address}")
 
     async def started(self) -> RedisListener:
         """Returns once subscribed, so nothing published from now on is missed."""
@@ -41,7 +43,7 @@ class RedisListener:
         while True:
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
+                await pubsub.subscribe(*self._channels)
                 self._subscribed.set()
                 pause = 0.05
                 while True:

@@ -121,7 +121,8 @@ class SQLiteBackend:
 
     # -- the Backend protocol ----------------------------------------------------------------
 
-    async def listen(self) -> Listener:
+    async def listen(self, queues: Sequence[str]) -> Listener:
+        # Writers wake the addresses registered with these queues (register_worker).
         return WakeListener()
 
     async def ensure_queues(self, configs: Sequence[QueueConfig]) -> None:

@@ -13,5 +13,6 @@ if blocked_until then
 else
     redis.call('HDEL', gkey(group), 'bu', 'br')
 end
-if settle({}, {[group] = true}) then wake() end
+settle({}, {[group] = true})
+wake()
 return 1

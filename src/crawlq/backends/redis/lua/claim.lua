@@ -22,7 +22,7 @@ for _, member in ipairs(expired) do
         gates[rec[GROUP]] = true
     end
 end
-local opened = #expired > 0 and settle(touched, gates)
+if #expired > 0 then settle(touched, gates) end
 
 for _, queue in ipairs(queues) do
     -- 2. delayed elements that became due join their sub-queues
@@ -179,5 +179,5 @@ if #result - 2 < limit then
         result[1] = next_at
     end
 end
-if opened then wake() end
+wake()
 return cmsgpack.pack(result)

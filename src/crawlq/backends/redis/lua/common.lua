@@ -23,7 +23,7 @@
 --   P sent              hash   group -> the time reserved for its latest request (reserve_send)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
---   P wake              pubsub channel: something became claimable
+--   P wake:<q>          pubsub channel: something became claimable in queue <q>, or due sooner
 --   P gn                hash   group number -> group name; P g:<g> holds the number as `id`
 --   P gseq              string the last group number given
 --   P q:<#q>:<q>:e:<b>  hash   field -> msgpack element record (see REC below), in buckets that
@@ -400,38 +400,42 @@ local function refresh_pair(queue, group)
 end
 
 -- The group's running count, start, limits or block changed: every row of it follows.
--- Returns how many rows wait on the group, i.e. whether anyone cares.
+-- Returns the queues that have a row of it, i.e. those whose workers may care.
 local function refresh_gate(group)
-    if group == '' then return 0 end
-    local rows = 0
+    local queues = {}
+    if group == '' then return queues end
     for _, queue in ipairs(all_queues()) do
         if redis.call('HEXISTS', qkey(queue, 'fr'), group) == 1 then
             refresh_pair(queue, group)
-            rows = rows + 1
+            table.insert(queues, queue)
         end
     end
-    return rows
+    return queues
 end
+
+-- Queues whose idle workers a call wakes as it ends (`wake`): set of queue names.
+local woken
 
 -- touched: set of "<#q>:<q><group>" -> {queue, group}; gates: set of groups.
 local function touch(touched, queue, group)
     touched[lease_member(queue, group)] = {queue, group}
 end
 
+-- Sub-queues changed and groups' gates moved: their rows follow, and their queues' workers
+-- are woken.
 local function settle(touched, gates)
-    local opened = false
     for group, _ in pairs(gates) do
-        if refresh_gate(group) > 0 then opened = true end
+        for _, queue in ipairs(refresh_gate(group)) do woken[queue] = true end
     end
     for _, pair in pairs(touched) do
         refresh_pair(pair[1], pair[2])
-        opened = true
+        woken[pair[1]] = true
     end
-    return opened
 end
 
+-- Every call that may make work claimable ends here: one message per woken queue.
 local function wake()
-    redis.call('PUBLISH', P .. 'wake', '1')
+    for queue, _ in pairs(woken) do redis.call('PUBLISH', P .. 'wake:' .. queue, '1') end
 end
 
 -- -- element placement -----------------------------------------------------------------------
@@ -574,6 +578,7 @@ local function apply(item, touched)
         group_count(group, 'q', 1)
         save(queue, field, rec)
         grow(queue)
+        woken[queue] = true
         return ADDED
     end
     if rec[STATE] == RUNNING then
@@ -595,6 +600,7 @@ local function apply(item, touched)
         rec[PAYLOAD], rec[GROUP], rec[DUE], rec[PRIORITY] = payload, group, due, priority
         place(queue, field, rec, touched)
         save(queue, field, rec)
+        woken[queue] = true
         return MOVED
     end
     return KEPT
@@ -612,7 +618,7 @@ local function begin(ARGV)
         NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
     end
     GROUP_PREFIX = P .. 'g:'
-    group_ids, group_names, bucket_states = {[''] = 0}, {[0] = ''}, {}
+    group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
     deltas, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules = nil, {}, nil
 end

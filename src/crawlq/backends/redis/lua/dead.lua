@@ -22,5 +22,5 @@ for _, key in ipairs(keys) do
 end
 for _, pair in pairs(touched) do refresh_pair(pair[1], pair[2]) end
 flush()
-if taken > 0 and requeue_them then wake() end
+wake()
 return taken

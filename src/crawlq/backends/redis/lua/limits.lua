@@ -24,5 +24,6 @@ for _, group in ipairs(redis.call('SMEMBERS', P .. 'groups')) do
         gates[group] = true
     end
 end
-if settle({}, gates) then wake() end
+settle({}, gates)
+wake()
 return deleted

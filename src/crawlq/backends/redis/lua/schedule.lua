@@ -15,5 +15,5 @@ for _, item in ipairs(items) do
 end
 for _, pair in pairs(touched) do refresh_pair(pair[1], pair[2]) end
 flush()
-if outcomes[ADDED] + outcomes[MOVED] > 0 then wake() end
+wake()
 return cmsgpack.pack(outcomes)

@@ -33,7 +33,7 @@ for i = 2, #args do
         end
     end
 end
-local opened = settle(touched, gates)
+settle(touched, gates)
 flush()
-if opened then wake() end
+wake()
 return 1
