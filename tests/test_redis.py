@@ -153,7 +153,7 @@ def _woken_queues(pubsub: Any, client: Any, namespace: str) -> list[str]:
     """The queues woken since the last call: every message up to a marker published now
     (Redis delivers one connection's messages in order)."""
     client.publish(f"{{{namespace}}}:wake:<marker>", "1")
-    woken = []
+    woken: list[str] = []
     deadline = time.monotonic() + 10
     while True:
         assert time.monotonic() < deadline, "the marker never came"
@@ -174,7 +174,7 @@ async def test_only_the_workers_of_queues_with_new_work_are_woken(
     backend = open_backend(f"{redis_server.url}?namespace=per-queue-wake")
     await backend.open()
     client = redis.Redis.from_url(redis_server.url)
-    pubsub = client.pubsub()
+    pubsub = client.pubsub()  # type: ignore[no-untyped-call]
     pubsub.psubscribe("{per-queue-wake}:wake:*")
     listener = await backend.listen(["pages"])
     try:
