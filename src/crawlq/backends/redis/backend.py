@@ -84,11 +84,12 @@ def _unpacked(raw: bytes) -> Any:
     return msgpack.unpackb(raw, raw=False, strict_map_key=False)
 
 
-def _digests(key: str) -> tuple[str, str, str]:
-    """The key's 64-bit digest: hex (its field in the element hash, as 8 bytes), and the
-    signed decimal and bucket the "seen" sets store."""
+def _digests(key: str) -> tuple[bytes, str, str]:
+    """The key's 64-bit digest: as 8 bytes (its field in the element buckets, sent as msgpack
+    bin so the scripts need not decode hex), and the signed decimal and bucket the "seen" sets
+    store."""
     digest = key_hash(key)
-    return digest.to_bytes(8, "big", signed=True).hex(), str(digest), str(digest % SEEN_BUCKETS)
+    return digest.to_bytes(8, "big", signed=True), str(digest), str(digest % SEEN_BUCKETS)
 
 
 class RedisBackend:
@@ -508,7 +509,7 @@ class RedisBackend:
 
     async def element(self, queue: str, key: str) -> ElementInfo | None:
         await self._known(queue)
-        digest = bytes.fromhex(_digests(key)[0])
+        digest = _digests(key)[0]
         for field in (digest, digest + key.encode()):
             rec = await self._record(queue, field)
             if rec is not None and rec[records.KEY] == key:

@@ -54,14 +54,35 @@ local function ranks_before(score, member, other_score, other_member)
     return score < other_score or (score == other_score and before(member, other_member))
 end
 
+-- A group's limits and counts, read once for both `room` and `still_open`; the counts
+-- become known to `flush` (they change only there).
+local function group_fields(group)
+    if group == '' then return nil end
+    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r', 'q')
+    local fields = {tonumber(g[1]), tonumber(g[2]) or 0, tonumber(g[3]) or 0, tonumber(g[4]) or 0}
+    known_counts(group, fields[4], fields[3])
+    return fields
+end
+
+local function running_of(group, g)
+    return g[3] + pending(gkey(group), 'r')
+end
+
 -- How many elements the group may start now (its row is active, so at least one).
-local function room(group, wanted)
-    if group == '' then return wanted end
-    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r')
-    if (tonumber(g[2]) or 0) > 0 then return 1 end
-    local concurrency = tonumber(g[1])
-    if concurrency == nil then return wanted end
-    return math.min(wanted, concurrency - (tonumber(g[3]) or 0) - pending(gkey(group), 'r'))
+local function room(group, g, wanted)
+    if g == nil then return wanted end
+    if g[2] > 0 then return 1 end
+    if g[1] == nil then return wanted end
+    return math.min(wanted, g[1] - running_of(group, g))
+end
+
+-- Whether the group still admits a start after the ones just taken (`gate` <= NOW): an
+-- interval makes the next start wait; else it admits one while not full. (Its row was
+-- active, so no block holds it.)
+local function still_open(group, g)
+    if g == nil then return true end
+    if g[2] > 0 then return false end
+    return g[1] == nil or running_of(group, g) < g[1]
 end
 
 local result = {false, NOW}
@@ -75,9 +96,10 @@ local function take(queue, group, field)
     table.insert(history, {rec[ATTEMPTS], NOW, worker, false})
     rec[HISTORY] = history
     save(queue, field, rec)
+    local member = lease_member(queue, field)
     table.insert(lease_adds, lease_score)
-    table.insert(lease_adds, lease_member(queue, field))
-    hold(held_adds, worker, lease_member(queue, field))
+    table.insert(lease_adds, member)
+    hold(held_adds, worker, member)
     local key = rec[KEY]
     table.insert(result, {queue, key, rec[PAYLOAD] or key, group, rec[PRIORITY], rec[DUE],
                           rec[ATTEMPTS], rec[ID]})
@@ -85,28 +107,32 @@ end
 
 -- Takes up to n elements from the head of a sub-queue, stopping at the first that does not
 -- rank before the second-best row (second_score nil: none). Reads the run in growing chunks
--- (1, 2, 4...), as most runs end at the first element. Returns how many it took.
+-- (1, 2, 4...) and one element more, as most runs end at the first element and the one after
+-- is the sub-queue's new head. Returns how many it took and the new head's member and score
+-- (nil: the sub-queue is empty).
 local function take_run(queue, group, n, second_score, second_rank)
     local subqueue = qkey(queue, 'r:' .. group)
     local taken, chunk = 0, 1
-    while taken < n do
-        local first, last = taken, math.min(n, taken + chunk) - 1
+    local next_member, next_score
+    while true do
+        local first, last = taken, math.min(n, taken + chunk)
         local heads = redis.call('ZRANGE', subqueue, first, last, 'WITHSCORES')
+        local ended = #heads < 2 * (last - first + 1)
         for j = 1, #heads, 2 do
-            local member, score = heads[j], tonumber(heads[j + 1])
-            if taken > 0 and second_score
-                    and not ranks_before(score, string.sub(member, 1, RANK_SIZE), second_score, second_rank) then
-                n = 0
+            local member = heads[j]
+            if taken == n or (taken > 0 and second_score and not ranks_before(
+                    tonumber(heads[j + 1]), string.sub(member, 1, RANK_SIZE), second_score, second_rank)) then
+                next_member, next_score = member, heads[j + 1]
                 break
             end
             take(queue, group, string.sub(member, RANK_SIZE + 1))
             taken = taken + 1
         end
-        if n == 0 or #heads < 2 * (last - first + 1) then break end
+        if ended or next_member then break end
         chunk = chunk * 2
     end
     redis.call('ZREMRANGEBYRANK', subqueue, 0, taken - 1)
-    return taken
+    return taken, next_member, next_score
 end
 
 while #result - 2 < limit do
@@ -125,28 +151,28 @@ while #result - 2 < limit do
     end
     if best_queue == nil then break end
     local queue, group = best_queue, string.sub(best_member, RANK_SIZE + 1)
-    local n = room(group, limit - (#result - 2))
+    local g = group_fields(group)
+    local n = room(group, g, limit - (#result - 2))
     if n < 1 then
         -- An active row of a full group cannot happen (gate and room read the same counts);
         -- should it, the row is set right, and if it stays, the claim ends: never loop.
         refresh_gate(group)
         if redis.call('ZSCORE', qkey(queue, 'fa'), best_member) then break end
     else
-        local taken = take_run(queue, group, n, second_score,
-                               second_member and string.sub(second_member, 1, RANK_SIZE))
+        local taken, head, head_score = take_run(queue, group, n, second_score,
+                                                 second_member and string.sub(second_member, 1, RANK_SIZE))
         count(queue, READY, -taken)
         count(queue, RUNNING, taken)
         group_count(group, 'q', -taken)
         group_count(group, 'r', taken)
         if group ~= '' then redis.call('HSET', gkey(group), 'ls', fmt(NOW)) end
-        if gate(group) <= NOW then
-            -- Still open: only this row's head moved; the group's other rows stay active.
+        if still_open(group, g) then
+            -- Only this row's head moved; the group's other rows stay active.
             local rows, active = qkey(queue, 'fr'), qkey(queue, 'fa')
             redis.call('ZREM', active, best_member)
-            local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
-            if head[1] then
-                local member = string.sub(head[1], 1, RANK_SIZE) .. group
-                redis.call('ZADD', active, head[2], member)
+            if head then
+                local member = string.sub(head, 1, RANK_SIZE) .. group
+                redis.call('ZADD', active, head_score, member)
                 redis.call('HSET', rows, group, member)
             else
                 redis.call('HDEL', rows, group)

@@ -107,6 +107,11 @@ local function before(a, b)
     return #a < #b
 end
 
+-- Dead letters keep the digest as hex (msgpack strings read back as text); calls send it raw.
+local function hex_digest(raw)
+    return (string.gsub(raw, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
 local function raw_digest(hex)
     return (string.gsub(hex, '..', function(cc) return string.char(tonumber(cc, 16)) end))
 end
@@ -278,15 +283,32 @@ end
 
 local GROUP_PREFIX
 
+-- Group key -> {queued, running} as stored, for the groups a call read them of: `flush` then
+-- writes their new values at once instead of adding and reading them back.
+local counted
+
+local function known_counts(group, queued, running)
+    counted[gkey(group)] = {queued, running}
+end
+
 local function flush()
     for key, fields in pairs(deltas) do
-        for field, delta in pairs(fields) do
-            if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
+        local known = counted[key]
+        local queued, running
+        if known then
+            queued, running = known[1] + (fields.q or 0), known[2] + (fields.r or 0)
+            redis.call('HSET', key, 'q', queued, 'r', running)
+        else
+            for field, delta in pairs(fields) do
+                if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
+            end
         end
         if string.sub(key, 1, #GROUP_PREFIX) == GROUP_PREFIX then
             local group = string.sub(key, #GROUP_PREFIX + 1)
-            local counts = redis.call('HMGET', key, 'q', 'r')
-            local queued, running = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+            if not known then
+                local counts = redis.call('HMGET', key, 'q', 'r')
+                queued, running = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
+            end
             if queued + running > 0 then
                 redis.call('ZADD', P .. 'busy', -(running * 4294967296 + queued), group)
             else
@@ -294,7 +316,7 @@ local function flush()
             end
         end
     end
-    deltas = {}
+    deltas, counted = {}, {}
     apply_chunked('ZREM', P .. 'leases', lease_removals)
     apply_chunked('ZADD', P .. 'leases', lease_adds)  -- score, member pairs: chunks stay even
     lease_adds, lease_removals = {}, {}
@@ -558,12 +580,12 @@ end
 local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
 local OVERWRITE, ONLY_IF_EARLIER = 0, 1
 
--- One schedule: {queue, key, payload or false, group, due, priority, mode, digest as hex,
+-- One schedule: {queue, key, payload or false, group, due, priority, mode, digest (8 bytes),
 -- seen digest, seen bucket, revisit}; a queue with `seen` skips keys it finished unless asked
 -- to revisit them. Returns what happened (ADDED ... SKIPPED).
 local function apply(item, touched)
     local queue, key, payload, group, due, priority, mode = unpack(item, 1, 7)
-    local digest = raw_digest(item[8])
+    local digest = item[8]
     local rec, field = find(queue, key, digest)
     if rec == nil then
         if queue_config(queue)[3] and not item[11]
@@ -619,6 +641,6 @@ local function begin(ARGV)
     end
     GROUP_PREFIX = P .. 'g:'
     group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
-    deltas, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}
+    deltas, counted, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules = nil, {}, nil
 end

@@ -15,8 +15,8 @@ for _, key in ipairs(keys) do
         count(queue, DEAD, -1)
         taken = taken + 1
         if requeue_them then
-            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, letter[7], '0', '0', true},
-                  touched)
+            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, raw_digest(letter[7]),
+                   '0', '0', true}, touched)
         end
     end
 end

@@ -1,11 +1,11 @@
 -- heartbeat: extends the leases a worker still holds and records that it is alive.
 -- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is
---   {queue, key, id, attempt, digest as hex, claimed at}
+--   {queue, key, id, attempt, digest (8 bytes), claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local worker, lease_until = args[1], NOW + args[2]
 for i = 3, #args do
-    local queue, key, id, attempt, hex, claimed_at = unpack(args[i], 1, 6)
-    local rec, field = find(queue, key, raw_digest(hex))
+    local queue, key, id, attempt, digest, claimed_at = unpack(args[i], 1, 6)
+    local rec, field = find(queue, key, digest)
     if holds(rec, id, attempt, claimed_at) and rec[STATE] == RUNNING then
         rec[LEASE] = lease_until
         save(queue, field, rec)

@@ -2,15 +2,15 @@
 -- claim's time fence a lease: a call from a run whose lease expired and that ran again
 -- changes nothing.
 -- ARGV[3]: msgpack {action, items...}; action "ack", "fail" or "release"; an item is
---   {queue, key, id, attempt, digest as hex, seen digest, seen bucket, due, retry_at or false,
+--   {queue, key, id, attempt, digest (8 bytes), seen digest, seen bucket, due, retry_at or false,
 --    error, traceback, claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local action = args[1]
 local touched, gates = {}, {}
 for i = 2, #args do
-    local queue, key, id, attempt, hex, seen, bucket, due, retry_at, err, tb, claimed_at =
+    local queue, key, id, attempt, digest, seen, bucket, due, retry_at, err, tb, claimed_at =
         unpack(args[i], 1, 12)
-    local rec, field = find(queue, key, raw_digest(hex))
+    local rec, field = find(queue, key, digest)
     -- An ack finishes an element whose lease expired but that no one ran again, too.
     if holds(rec, id, attempt, claimed_at) and (action == 'ack' or rec[STATE] == RUNNING) then
         if rec[STATE] == RUNNING then gates[rec[GROUP]] = true end
@@ -23,7 +23,7 @@ for i = 2, #args do
         else
             local dead = qkey(queue, 'x')
             set_outcome(rec, err)
-            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex,
+            local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex_digest(digest),
                             rec[HISTORY] or {}}
             if redis.call('HSET', dead, key, cmsgpack.pack(letter)) == 1 then
                 count(queue, DEAD, 1)
