@@ -133,7 +133,7 @@ async def paced(backend: Backend, clock: ManualClock) -> tuple[Politeness, float
     gap = INTERVAL + min(MAX_PACING_MARGIN, INTERVAL * PACING_MARGIN)
     politeness = Politeness(backend, clock=clock)
     slot = await politeness.pace("slow.test", URL)
-    assert slot is not None
+    assert isinstance(slot, Slot)  # the group has an interval: a reserved slot
     return politeness, gap, slot
 
 

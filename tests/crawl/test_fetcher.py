@@ -9,13 +9,16 @@ import gzip
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import brotli
 import pytest
 from aiohttp import web
 
+from crawlq.backends import open_backend
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher, Login, Session
+from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import FetchSettings, Timeouts
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, hang, redirect, respond
@@ -385,12 +388,17 @@ async def test_each_request_confirms_its_own_slot_once_connected_before_a_byte_i
     port = server.sockets[0].getsockname()[1]
     confirmed: list[tuple[str, int, bytes]] = []
 
+    answered: list[tuple[str, int]] = []
+
     @dataclasses.dataclass
     class Recording:
         name: str
 
         async def confirm(self) -> None:
             confirmed.append((self.name, seen.connections, seen.data))
+
+        def answered(self, status: int, retry_after: str | None) -> None:
+            answered.append((self.name, status))
 
     paced: list[str] = []
 
@@ -415,6 +423,7 @@ async def test_each_request_confirms_its_own_slot_once_connected_before_a_byte_i
     assert confirmed[1][2].startswith(b"GET /robots.txt ")
     assert b"/page" not in confirmed[1][2]
     assert b"GET /page " in seen.data
+    assert answered == [("slot 1", 200), ("slot 2", 200)]  # each hop's head, to its own slot
 
 
 async def test_a_robots_txt_request_put_back_by_its_slot_puts_the_page_back(
@@ -429,6 +438,9 @@ async def test_a_robots_txt_request_put_back_by_its_slot_puts_the_page_back(
             if refusals and refusals.pop():
                 raise Throttled(net.url("a.test", "/robots.txt"), 0.0, "late for its slot")
 
+        def answered(self, status: int, retry_after: str | None) -> None:
+            assert status == 200 and retry_after is None
+
     async def pace(hop: str) -> Late:
         return Late()
 
@@ -439,6 +451,45 @@ async def test_a_robots_txt_request_put_back_by_its_slot_puts_the_page_back(
         response = await fetcher.fetch(net.url("a.test", "/page/1"), pace=pace)
     assert response.status == 200
     assert paths(net, "a.test") == ["/robots.txt", "/page/1"]
+
+
+async def test_a_429_head_pauses_its_group_before_the_body_is_read(
+    net: SyntheticWeb, tmp_path: Path
+) -> None:
+    """The worker sends nothing more to a host from the moment a 429's head is in, while its
+    body still comes: before, the pause began once the whole answer was read, and on a busy
+    loop requests went out meanwhile (the crawl benchmark counted them)."""
+    body_held = asyncio.Event()
+
+    async def throttle_slowly(request: web.Request) -> web.StreamResponse:
+        answer = web.StreamResponse(status=429, headers={"Retry-After": "30"})
+        answer.enable_chunked_encoding()
+        await answer.prepare(request)
+        await answer.write(b"slow ")  # the head goes with the first chunk
+        await body_held.wait()
+        await answer.write(b"down")
+        return answer
+
+    net.sites["b.test"].routes["/page/1"] = throttle_slowly
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    politeness = Politeness(backend)
+    try:
+        async with Fetcher(fetch_settings(net)) as fetcher:
+            await politeness.fetch(fetcher, net.url("b.test", "/page/0"))
+            first = asyncio.create_task(politeness.fetch(fetcher, net.url("b.test", "/page/1")))
+            deadline = time.monotonic() + 10
+            while politeness.blocked_until("b.test") is None:
+                assert not first.done() and time.monotonic() < deadline, "never paused"
+                await asyncio.sleep(0.005)
+            with pytest.raises(Throttled, match="paused"):
+                await politeness.fetch(fetcher, net.url("b.test", "/page/2"))
+            body_held.set()
+            with pytest.raises(Throttled, match="429 Retry-After 30"):
+                await first
+    finally:
+        await backend.close()
+    assert paths(net, "b.test") == ["/robots.txt", "/page/0", "/page/1"]
 
 
 async def test_a_request_whose_task_is_cancelled_by_a_timer_due_before_it_is_written_never_goes(

@@ -53,6 +53,9 @@ class SendSlot(Protocol):
         are, after the connection is in hand, with nothing awaited between the two. Raises
         Throttled if it may not be sent soon enough."""
 
+    def answered(self, status: int, retry_after: str | None) -> None:
+        """Called as soon as the response's head is in, before its body is read."""
+
 
 #: `pace` runs right before each hop: it waits for the hop's turn and may hand back the
 #: slot the hop confirms right before writing.
@@ -467,6 +470,9 @@ class Fetcher:
                 timeout=timeout,
             ) as answer:
                 fetched_at = time.time()
+                slot = self._slot.get()
+                if slot is not None:
+                    slot.answered(answer.status, answer.headers.get("Retry-After"))
                 if answer.content_length is not None and answer.content_length > max_bytes:
                     raise FetchError(
                         Reason.TOO_LARGE, url, f"Content-Length {answer.content_length}"

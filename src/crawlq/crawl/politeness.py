@@ -151,8 +151,29 @@ class Slot:
                     f" {MAX_SLOT_TRIES} tries (a loaded worker)"
                 )
                 raise Throttled(self.url, politeness.clock() + self.gap, detail)
+        politeness.check_open(self.group, self.url)
         self.sent = True
         politeness.sent_at(self.group, self.due)
+
+    def answered(self, status: int, retry_after: str | None) -> None:
+        self.politeness.pause_early(self.group, status, retry_after)
+
+
+@dataclass(kw_only=True, slots=True)
+class Unpaced:
+    """The `SendSlot` of a request to a group without an interval: nothing to wait for, but
+    a pause of its group is checked right before the request is written, and a 429/503
+    head pauses it at once."""
+
+    politeness: Politeness
+    group: str
+    url: str
+
+    async def confirm(self) -> None:
+        self.politeness.check_open(self.group, self.url)
+
+    def answered(self, status: int, retry_after: str | None) -> None:
+        self.politeness.pause_early(self.group, status, retry_after)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -221,15 +242,15 @@ class Politeness:
             self._intervals[group] = interval
         return interval
 
-    async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> Slot | None:
+    async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> Slot | Unpaced:
         """Waits until `group`'s interval has passed since the last request to it that any
         worker reserved (Backend.reserve_send_slot), and since this worker's own last request
         to `url`'s host (robots.txt included); Throttled if that is more than MAX_PACING_WAIT
-        away. Returns the slot the request confirms right before it is written (None: the
+        away. Returns the slot the request confirms right before it is written (Unpaced: the
         group has no interval)."""
         interval = await self.interval(group)
         if interval <= 0:
-            return None
+            return Unpaced(politeness=self, group=group, url=url)
         margin = min(MAX_PACING_MARGIN, interval * PACING_MARGIN)
         slot = Slot(
             politeness=self,
@@ -264,6 +285,28 @@ class Politeness:
             return None
         return until
 
+    def check_open(self, group: str, url: str) -> None:
+        """Throttled if `group` is paused (this worker heard a 429/503 or backed it off)."""
+        until = self.blocked_until(group)
+        if until is not None:
+            raise Throttled(url, until, f"group {group} is paused")
+
+    def pause_for(self, status: int, retry_after_header: str | None) -> float | None:
+        """Until when a response asks its group to pause: a 429, or a 503 with Retry-After
+        (Retry-After, else DEFAULT_RETRY_AFTER); None for any other."""
+        if status == 429 or (status == 503 and retry_after_header is not None):
+            now = self.clock()
+            return retry_after(retry_after_header, now) or now + DEFAULT_RETRY_AFTER
+        return None
+
+    def pause_early(self, group: str, status: int, retry_after_header: str | None) -> None:
+        """A 429/503 head just came in: this worker sends nothing more to `group` from now,
+        while the response's body is still read (`fetch` then blocks it in the queue). On a
+        busy loop that took milliseconds, and requests went out meanwhile."""
+        until = self.pause_for(status, retry_after_header)
+        if until is not None:
+            self._blocked[group] = max(until, self._blocked.get(group, 0.0))
+
     async def fetch(
         self,
         fetcher: Fetcher,
@@ -285,17 +328,12 @@ class Politeness:
         async def check(hop: str) -> None:
             if scope is not None:
                 scope(hop)
-            hop_group = group_of(hop)
-            until = self.blocked_until(hop_group)
-            if until is not None:
-                raise Throttled(hop, until, f"group {hop_group} is paused")
+            self.check_open(group_of(hop), hop)
 
-        async def pace(hop: str) -> Slot | None:
+        async def pace(hop: str) -> Slot | Unpaced:
             hop_group = group_of(hop)
             slot = await self.pace(hop_group, hop, fetcher)
-            until = self.blocked_until(hop_group)  # again: a 429 may have come meanwhile
-            if until is not None:
-                raise Throttled(hop, until, f"group {hop_group} is paused")
+            self.check_open(hop_group, hop)  # again: a 429 may have come meanwhile
             return slot
 
         try:
@@ -307,11 +345,8 @@ class Politeness:
             raise
         await self._apply_delays(fetcher, response.chain, url, group_of)
         last_group = group_of(response.url)
-        if response.status in (429, 503) and (
-            response.status == 429 or response.header("Retry-After") is not None
-        ):
-            now = self.clock()
-            until = retry_after(response.header("Retry-After"), now) or now + DEFAULT_RETRY_AFTER
+        until = self.pause_for(response.status, response.header("Retry-After"))
+        if until is not None:
             reason = f"{response.status} Retry-After {response.header('Retry-After') or '-'}"
             await self.block(last_group, until, reason)
             raise Throttled(response.url, until, reason, responses=response.chain)
