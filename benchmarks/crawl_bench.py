@@ -479,9 +479,9 @@ Notes:
 - A request can reach a host just after its 429/503 was answered and before the crawler has
   read that answer (up to 4 are in flight per host); those are counted as violations too,
   and shown apart. crawlq pauses the host in the worker as soon as the answer's head is
-  read (then blocks it in the queue), and every request checks the pause right before its
-  bytes are written; what is left is the few loop turns between the answer reaching the
-  socket and its head being parsed (requests 1-45 ms after the answer, 1-4 a run). Scrapy
+  read (then blocks it in the queue); before writing a request it lets the host's answers
+  already in (in their sockets, or parsed) be handled, then checks the pause. What is left
+  is a request already on its way as the answer left (tens of microseconds apart). Scrapy
   has no Retry-After support and retries at once.
 - Scrapy's concurrency violations are real by the server's log: a request arrived while 4
   earlier ones to the same host were still unanswered (the server's interval for a request

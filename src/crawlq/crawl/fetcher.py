@@ -30,10 +30,12 @@ from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import AddrInfoType, Connection
 from yarl import URL
 
 from ..observe.metrics import worker_metrics
+from .answers import PendingAnswers
 from .decoding import ACCEPT_ENCODING, decode_content
 from .errors import FetchError, Reason, Throttled
 from .guard import AddressGuard, BlockedAddress, GuardedResolver, literal_address
@@ -148,6 +150,11 @@ class Fetcher:
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
         self._slot: ContextVar[SendSlot | None] = ContextVar("send_slot", default=None)
+        self._pending = PendingAnswers()
+        # The hop `_send_once` is doing: where its request went (host, connection).
+        self._hop: ContextVar[list[tuple[str, ResponseHandler]] | None] = ContextVar(
+            "hop", default=None
+        )
         self.robots = RobotsCache(
             self._fetch_robots, self.settings.user_agent, ttl=self.settings.robots_ttl
         )
@@ -284,6 +291,8 @@ class Fetcher:
         dispatches."""
         sent = self._sent
         current_slot = self._slot
+        pending = self._pending
+        current_hop = self._hop
 
         class NotedRequest(aiohttp.ClientRequest):
             async def send(self, conn: Connection) -> aiohttp.ClientResponse:
@@ -294,6 +303,8 @@ class Fetcher:
                 # task's next step can come before the turn's due timers).
                 await asyncio.sleep(0)
                 await asyncio.sleep(0)
+                host = (self.url.host or "").lower()
+                await pending.before_send(host)  # a 429 already in pauses the group first
                 slot = current_slot.get()
                 if slot is not None:
                     await slot.confirm()
@@ -301,9 +312,11 @@ class Fetcher:
                 if protocol is None or not protocol.is_connected():
                     raise _StaleConnection  # the server closed it meanwhile: nothing was sent
                 response = await super().send(conn)
-                host = self.url.host
-                if host is not None:
-                    sent[host.lower()] = time.time()
+                sent[host] = time.time()
+                hop = current_hop.get()
+                if hop is not None:
+                    pending.sent(host, protocol)
+                    hop.append((host, protocol))
                 return response
 
         return NotedRequest
@@ -459,6 +472,8 @@ class Fetcher:
             total=budget, sock_connect=timeouts.connect, sock_read=timeouts.read
         )
         started = time.monotonic()
+        hop: list[tuple[str, ResponseHandler]] = []
+        token = self._hop.set(hop)
         try:
             async with client.request(
                 method,
@@ -473,6 +488,7 @@ class Fetcher:
                 slot = self._slot.get()
                 if slot is not None:
                     slot.answered(answer.status, answer.headers.get("Retry-After"))
+                self._hop_done(hop)
                 if answer.content_length is not None and answer.content_length > max_bytes:
                     raise FetchError(
                         Reason.TOO_LARGE, url, f"Content-Length {answer.content_length}"
@@ -515,6 +531,15 @@ class Fetcher:
             raise FetchError(Reason.TIMEOUT, url, what) from exc
         except Exception as exc:
             raise _translate(exc, url) from exc
+        finally:
+            self._hop_done(hop)
+            self._hop.reset(token)
+
+    def _hop_done(self, hop: list[tuple[str, ResponseHandler]]) -> None:
+        """The hop's answer head was handled, or the hop ended without one."""
+        for host, protocol in hop:
+            self._pending.done(host, protocol)
+        hop.clear()
 
 
 class _StaleConnection(Exception):
