@@ -538,7 +538,6 @@ class RedisBackend:
             if raw is not None:
                 break
         rec = records.unpack(raw)
-        rec = records.unpack(raw)
         group = ""
         if rec[records.GROUP]:
             name = await self._hget(self.prefix + "gn", str(rec[records.GROUP]).encode())
