@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gzip
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -490,6 +491,34 @@ async def test_a_429_head_pauses_its_group_before_the_body_is_read(
     finally:
         await backend.close()
     assert paths(net, "b.test") == ["/robots.txt", "/page/0", "/page/1"]
+
+
+async def test_a_request_beside_one_in_flight_goes_out_past_descriptor_1024(
+    net: SyntheticWeb,
+) -> None:
+    """Before each request, the host's other in-flight connections are looked at for an
+    answer already in (crawl/answers.py): with thousands of connections open, as a crawler
+    has, their descriptors pass 1024, where select() refuses them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    filler = [socket.socket() for _ in range(1100)]
+    release = asyncio.Event()
+    net.sites["b.test"].routes["/slow"] = hang(release)
+    try:
+        async with Fetcher(fetch_settings(net)) as fetcher:
+            await fetcher.fetch(net.url("b.test", "/page/0"))
+            slow = asyncio.create_task(fetcher.fetch(net.url("b.test", "/slow")))
+            while "/slow" not in paths(net, "b.test"):
+                await asyncio.sleep(0.005)
+            beside = await fetcher.fetch(net.url("b.test", "/page/1"))
+            release.set()
+            assert (await slow).status == 200
+    finally:
+        for sock in filler:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert beside.status == 200
+    assert paths(net, "b.test") == ["/robots.txt", "/page/0", "/slow", "/page/1"]
 
 
 async def test_a_request_whose_task_is_cancelled_by_a_timer_due_before_it_is_written_never_goes(

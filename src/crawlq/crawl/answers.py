@@ -45,15 +45,15 @@ class PendingAnswers:
 
 
 def _any_arrived(waiting: dict[ResponseHandler, None]) -> bool:
-    descriptors = []
+    # poll, not select: a crawler holds thousands of connections, and select refuses any
+    # descriptor from 1024 up.
+    poller = None
     for protocol in waiting:
         if len(protocol) > 0:  # parsed, its task not run yet
             return True
         transport = protocol.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is not None:
-            descriptors.append(sock.fileno())
-    if not descriptors:
-        return False
-    readable, _, _ = select.select(descriptors, [], [], 0)
-    return bool(readable)
+            poller = poller or select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+    return poller is not None and bool(poller.poll(0))
