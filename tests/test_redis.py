@@ -18,6 +18,7 @@ import redis
 
 from crawlq.backends import Backend, open_backend
 from crawlq.backends.redis.globs import lua_pattern
+from crawlq.backends.redis.lanes import Lanes, pack
 from crawlq.errors import BackendError, BackendUnavailable, ConfigError
 from crawlq.observe.logs import redact
 from crawlq.testing.redis_server import RedisServer
@@ -119,6 +120,33 @@ async def test_a_server_that_lost_the_function_library_gets_it_again(
     finally:
         client.close()
         await backend.close()
+
+
+async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
+    redis_server: RedisServer,
+) -> None:
+    """A call cancelled while its reply is due drops its connection: had the connection gone
+    back to the lanes, the next call would read the late reply as its own."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    watcher = redis.Redis.from_url(redis_server.url)
+    lanes = Lanes(client)
+    try:
+        waiting = asyncio.ensure_future(lanes.call(pack("BLPOP", "lanes-test", "5")))
+        while watcher.info("clients")["blocked_clients"] < 1:
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        watcher.rpush("lanes-test", "late")  # the reply the cancelled call would have had
+        assert await lanes.call(pack("ECHO", "mine")) == b"mine"
+        assert await lanes.call(pack("INCRBY", "n", 2)) == 2
+        with pytest.raises(redis.ResponseError):
+            await lanes.call(pack("INCRBY", "n", "two"))
+        assert await lanes.call(pack("GET", "n")) == b"2"  # an error reply keeps the lane
+    finally:
+        await lanes.close()
+        await client.aclose()
+        watcher.close()
 
 
 async def test_record_buckets_grow_with_the_queue(redis_server: RedisServer) -> None:

@@ -46,6 +46,7 @@ from ..views import dead_element, live_element
 from . import records, scripts
 from .check import check
 from .globs import lua_pattern
+from .lanes import Lanes
 from .listener import RedisListener
 
 DEFAULT_NAMESPACE = "crawlq"
@@ -107,6 +108,7 @@ class RedisBackend:
         self._anchor = self.prefix + "queues"
         self._create = create
         self._client: Redis | None = None
+        self._lanes: Lanes
 
     async def __aenter__(self) -> RedisBackend:
         await self.open()
@@ -166,6 +168,7 @@ class RedisBackend:
             await client.aclose()
             raise
         self._client = client
+        self._lanes = Lanes(client)
 
     async def _load_scripts(self, client: Redis) -> None:
         try:
@@ -192,6 +195,7 @@ class RedisBackend:
 
     async def close(self) -> None:
         if self._client is not None:
+            await self._lanes.close()
             await self._client.aclose()
             self._client = None
 
@@ -222,9 +226,9 @@ class RedisBackend:
 
     async def _run(self, script: str, payload: Any, *extra: str) -> Any:
         args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(payload), *extra]
-        client = self.client
+        lanes = self._lanes
         try:
-            return await self._patiently(lambda: scripts.call(client, script, [self._anchor], args))
+            return await self._patiently(lambda: scripts.call(lanes, script, [self._anchor], args))
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:

@@ -20,6 +20,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from .lanes import Lanes, pack
+
 OPERATIONS = (
     "schedule",
     "claim",
@@ -70,18 +72,14 @@ def missing(exc: ResponseError) -> bool:
     return "Function not found" in str(exc)
 
 
-async def call(client: Redis, operation: str, keys: list[str], args: list[Any]) -> Any:
-    """One operation; the library is loaded again first if the server lost it."""
-    name = function_name(operation)
+async def call(lanes: Lanes, operation: str, keys: list[str], args: list[Any]) -> Any:
+    """One operation, over the lanes; the library is loaded again first if the server lost
+    it."""
+    command = pack(b"FCALL", function_name(operation), len(keys), *keys, *args)
     try:
-        return await _fcall(client, name, keys, args)
+        return await lanes.call(command)
     except ResponseError as exc:
         if not missing(exc):
             raise
-    await load(client)
-    return await _fcall(client, name, keys, args)
-
-
-async def _fcall(client: Redis, name: str, keys: list[str], args: list[Any]) -> Any:
-    untyped: Any = client  # typed "awaitable or value", and its arguments as lists
-    return await untyped.fcall(name, len(keys), *keys, *args)
+    await load(lanes.client)
+    return await lanes.call(command)

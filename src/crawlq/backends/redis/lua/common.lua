@@ -305,14 +305,18 @@ local function flush()
         end
         if string.sub(key, 1, #GROUP_PREFIX) == GROUP_PREFIX then
             local group = string.sub(key, #GROUP_PREFIX + 1)
-            if not known then
-                local counts = redis.call('HMGET', key, 'q', 'r')
-                queued, running = tonumber(counts[1]) or 0, tonumber(counts[2]) or 0
-            end
-            if queued + running > 0 then
-                redis.call('ZADD', P .. 'busy', -(running * 4294967296 + queued), group)
-            else
-                redis.call('ZREM', P .. 'busy', group)
+            local busy = P .. 'busy'
+            if known then
+                if queued + running > 0 then
+                    redis.call('ZADD', busy, -(running * 4294967296 + queued), group)
+                else
+                    redis.call('ZREM', busy, group)
+                end
+            else  -- the score moves by the deltas: no need to read the counts back
+                local delta = (fields.r or 0) * 4294967296 + (fields.q or 0)
+                if delta ~= 0 and tonumber(redis.call('ZINCRBY', busy, -delta, group)) == 0 then
+                    redis.call('ZREM', busy, group)
+                end
             end
         end
     end
@@ -367,10 +371,18 @@ local function resolve(group)
     return best[4], best[5]
 end
 
+-- A group is known once it has a number (`group_id` then finds it in this call's cache).
 local function ensure_group(group)
-    if group == '' or redis.call('SADD', P .. 'groups', group) == 0 then return end
+    if group_ids[group] then return end
+    local id = tonumber(redis.call('HGET', gkey(group), 'id'))
+    if id then
+        group_ids[group], group_names[id] = id, group
+        return
+    end
+    redis.call('SADD', P .. 'groups', group)
     local concurrency, interval = resolve(group)
-    local id = redis.call('INCR', P .. 'gseq')
+    id = redis.call('INCR', P .. 'gseq')
+    group_ids[group], group_names[id] = id, group
     redis.call('HSET', P .. 'gn', id, group)
     if concurrency then
         redis.call('HSET', gkey(group), 'id', id, 'c', concurrency, 'i', fmt(interval))
@@ -421,6 +433,22 @@ local function refresh_pair(queue, group)
     end
 end
 
+-- A (queue, group) sub-queue changed but the group's gate did not: only an active row's head
+-- can have moved. A waiting row waits for its gate, and the claim reads its head when the gate
+-- passes (so a schedule into a busy group costs three reads, not a rewrite of its row).
+local function refresh_head(queue, group)
+    local old = redis.call('HGET', qkey(queue, 'fr'), group)
+    if old == '' then return end
+    if old then
+        local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
+        if head[1] and string.sub(head[1], 1, RANK_SIZE) .. group == old
+                and tonumber(redis.call('ZSCORE', qkey(queue, 'fa'), old)) == tonumber(head[2]) then
+            return
+        end
+    end
+    refresh_pair(queue, group)
+end
+
 -- The group's running count, start, limits or block changed: every row of it follows.
 -- Returns the queues that have a row of it, i.e. those whose workers may care.
 local function refresh_gate(group)
@@ -450,7 +478,7 @@ local function settle(touched, gates)
         for _, queue in ipairs(refresh_gate(group)) do woken[queue] = true end
     end
     for _, pair in pairs(touched) do
-        refresh_pair(pair[1], pair[2])
+        refresh_head(pair[1], pair[2])
         woken[pair[1]] = true
     end
 end
