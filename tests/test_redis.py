@@ -128,7 +128,7 @@ async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
     """A call cancelled while its reply is due drops its connection: had the connection gone
     back to the lanes, the next call would read the late reply as its own."""
     client = redis.asyncio.Redis.from_url(redis_server.url)
-    watcher = redis.Redis.from_url(redis_server.url)
+    watcher: Any = redis.Redis.from_url(redis_server.url)  # typed "awaitable or value"
     lanes = Lanes(client)
     try:
         waiting = asyncio.ensure_future(lanes.call(pack("BLPOP", "lanes-test", "5")))
@@ -243,7 +243,7 @@ async def test_a_namespace_of_another_layout_is_refused_untouched(
     client = redis.Redis.from_url(redis_server.url)
     client.set("{older}:version", "1")
     client.hset("{older}:q:5:pages:e", "x" * 8, "a record of layout 1")
-    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 3"):
+    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 4"):
         await open_backend(f"{redis_server.url}?namespace=older").open()
     stored: Any = client.hget("{older}:q:5:pages:e", "x" * 8)  # typed "awaitable or value"
     assert stored == b"a record of layout 1"
@@ -254,13 +254,29 @@ async def test_unicode_keys_keep_their_group_name_through_storage(
     redis_server: RedisServer,
 ) -> None:
     """Records store a key without its group's name (lua/common.lua, `encode`), cut by byte
-    position: keys and groups with multi-byte characters come back whole."""
+    position, and a URL without its scheme too: keys and groups with multi-byte characters,
+    URLs with nothing after the host or quotes in them, come back whole."""
     backend = open_backend(f"{redis_server.url}?namespace=unicode")
     await backend.open()
+    client = redis.Redis.from_url(redis_server.url)
     try:
         await backend.ensure_queues([config("pages")])
-        urls = ["http://ü@xn--bcher-kva.test/p/ü", "http://xn--bcher-kva.test/bücher", "http://ü/"]
+        urls = [
+            "http://ü@xn--bcher-kva.test/p/ü",
+            "http://xn--bcher-kva.test/bücher",
+            "http://ü/",
+            "https://a.test",
+            'https://b.test/say?"hi"',
+            "HTTPS://C.TEST/upper",  # the group is c.test: the key keeps its host
+        ]
         await schedule(backend, "pages", urls)
+        sync: Any = client  # redis-py types its commands "awaitable or value"
+        stored = b"".join(
+            value
+            for bucket in sync.scan_iter(match="{unicode}:q:5:pages:e:*")
+            for value in sync.hvals(bucket)
+        )
+        assert b"https://" not in stored and b"b.test" not in stored and b"C.TEST" in stored
         elements = await claim(backend, "pages", limit=10)
         assert sorted(json.loads(p) for p in payloads(elements)) == sorted(urls)
         for element in elements:
@@ -272,6 +288,7 @@ async def test_unicode_keys_keep_their_group_name_through_storage(
         await claim(backend, odd, limit=1)
         assert await backend.check() == []
     finally:
+        client.close()
         await backend.close()
 
 

@@ -2,9 +2,10 @@
 the Python side that reads them: element lookups and the consistency check.
 
 A record is a msgpack array holding its group as a number (names in the hash `P gn`) and its
-key without the group's name where the key holds it (KEY_AT: where it was), with the falses at
-the end left off; each lives in one of the queue's buckets (hashes), picked by its field and
-the buckets' linear hashing state (`bucket`).
+key without the group's name where the key holds it (KEY_AT: where it was; for a URL, minus
+the number of its scheme in KEY_HEADS, and the key is what follows the host without the
+closing quote), with the falses at the end left off; each lives in one of the queue's
+buckets (hashes), picked by its field and the buckets' linear hashing state (`bucket`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import msgpack
     HISTORY,
 ) = range(15)
 SIZE = 15
+#: As KEY_HEADS in common.lua: a key's head stored as -1, -2.
+KEY_HEADS = ('"https://', '"http://')
 
 
 def bucket(field: bytes, level: int, split: int) -> int:
@@ -55,7 +58,9 @@ def unpack(raw: bytes) -> list[Any]:
 def resolve(rec: list[Any], group: str) -> list[Any]:
     """The full record from `unpack`'s, given its group's name: the name and the whole key."""
     at = rec[KEY_AT]
-    if at:  # a position in bytes, as Lua counts
+    if at is not False and at < 0:  # a URL's scheme, by its number in KEY_HEADS
+        rec[KEY] = f'{KEY_HEADS[-at - 1]}{group}{rec[KEY]}"'
+    elif at:  # a position in bytes, as Lua counts
         key = rec[KEY].encode()
         rec[KEY] = (key[: at - 1] + group.encode() + key[at - 1 :]).decode()
     rec[GROUP], rec[KEY_AT] = group, False

@@ -55,7 +55,8 @@ local NEVER = 1e300
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
 -- compactly (`encode`): GROUP as the group's number, KEY without the group's name where it holds
--- it (a URL holds its host) and KEY_AT where that was, the falses at the end left off.
+-- it (a URL holds its host) and KEY_AT where that was (or, for a URL, without its scheme too:
+-- see KEY_HEADS), the falses at the end left off.
 local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, KEY, KEY_AT, LEASE, WORKER, NEXT_DUE,
       NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 local REC_SIZE = 15
@@ -171,6 +172,13 @@ local function group_name(id)
     return name
 end
 
+-- What a key most often holds before its group's name: a URL's scheme, in a JSON string.
+-- Such a key is stored as what follows the name, without the closing quote, and KEY_AT as
+-- minus the head's number here: 10 bytes less a URL than keeping the scheme and quotes.
+local KEY_HEADS = {'"https://', '"http://'}
+local HEAD_NUMBERS = {['"https://'] = 1, ['"http://'] = 2}
+local QUOTE = 34  -- '"'
+
 local function encode(rec)
     local stored = {}
     for i = 1, REC_SIZE do stored[i] = rec[i] end
@@ -178,8 +186,14 @@ local function encode(rec)
     stored[GROUP], stored[KEY_AT] = group_id(group), false
     local at = group ~= '' and string.find(key, group, 1, true)
     if at then
-        stored[KEY] = string.sub(key, 1, at - 1) .. string.sub(key, at + #group)
-        stored[KEY_AT] = at
+        local head = HEAD_NUMBERS[string.sub(key, 1, at - 1)]
+        if head and string.byte(key, -1) == QUOTE and #key > at + #group - 1 then
+            stored[KEY] = string.sub(key, at + #group, -2)
+            stored[KEY_AT] = -head
+        else
+            stored[KEY] = string.sub(key, 1, at - 1) .. string.sub(key, at + #group)
+            stored[KEY_AT] = at
+        end
     end
     for i = REC_SIZE, KEY_AT, -1 do
         if stored[i] then break end
@@ -193,7 +207,11 @@ local function decode(raw)
     for i = #rec + 1, REC_SIZE do rec[i] = false end
     local group = group_name(rec[GROUP])
     local at = rec[KEY_AT]
-    if at then rec[KEY] = string.sub(rec[KEY], 1, at - 1) .. group .. string.sub(rec[KEY], at) end
+    if at and at < 0 then
+        rec[KEY] = KEY_HEADS[-at] .. group .. rec[KEY] .. '"'
+    elseif at then
+        rec[KEY] = string.sub(rec[KEY], 1, at - 1) .. group .. string.sub(rec[KEY], at)
+    end
     rec[GROUP], rec[KEY_AT] = group, false
     return rec
 end
