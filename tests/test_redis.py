@@ -422,6 +422,7 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
             (lambda: client.zpopmax(q + "r:a.test"), "sub-queue"),
             (lambda: client.delete("{damage}:leases"), "lease"),
             (lambda: client.hincrby("{damage}:g:a.test", "r", 1), "group a.test"),
+            (lambda: client.hincrby("{damage}:g:b.test", "w", 1), "waiting rows"),
             (lambda: client.delete(q + "fr"), "frontier row"),
             (lambda: client.hdel("{damage}:g:b.test", "id"), "group b.test: number"),
             (lambda: client.hset("{damage}:gn", "999", "c.test"), "group numbers for"),

@@ -55,6 +55,7 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     leases = dict(await client.zrange(prefix + "leases", 0, -1, withscores=True))
     queued_by_group: Counter[str] = Counter()
     running_by_group: Counter[str] = Counter()
+    waiting_by_group: Counter[str] = Counter()  # queues with the group's row waiting
     held_by_worker: dict[str, set[bytes]] = {}
     seen_leases: set[bytes] = set()
 
@@ -122,6 +123,8 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
         if counts.get(3, 0) != dead or await client.zcard(key(queue, "xo")) != dead:
             problems.append(f"{queue}: dead count {counts.get(3, 0)}, {dead} dead letters")
         problems += await _check_frontier(client, queue, key, ready_members, groups, now)
+        for group in await client.zrange(key(queue, "fw"), 0, -1):
+            waiting_by_group[group.decode()] += 1
     for member in set(leases) - seen_leases:
         problems.append(f"lease {member!r} belongs to no running element")
     for name, group in groups.items():
@@ -133,6 +136,11 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
                 f"group {name}: counts queued {int(group.get(b'q', 0))} "
                 f"running {int(group.get(b'r', 0))}, "
                 f"elements say {queued_by_group[name]} and {running_by_group[name]}"
+            )
+        if int(group.get(b"w", 0)) != waiting_by_group[name]:
+            problems.append(
+                f"group {name}: counts {int(group.get(b'w', 0))} waiting rows, "
+                f"the frontiers hold {waiting_by_group[name]}"
             )
     busy = {g.decode(): s for g, s in await client.zrange(prefix + "busy", 0, -1, withscores=True)}
     expected = {

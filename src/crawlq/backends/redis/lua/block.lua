@@ -14,5 +14,6 @@ else
     redis.call('HDEL', gkey(group), 'bu', 'br')
 end
 settle({}, {[group] = true})
+flush()
 wake()
 return 1

@@ -22,7 +22,7 @@ for _, member in ipairs(expired) do
         gates[rec[GROUP]] = true
     end
 end
-if #expired > 0 then settle(touched, gates) end
+if #expired > 0 then settle(touched, gates, true) end
 
 for _, queue in ipairs(queues) do
     -- 2. delayed elements that became due join their sub-queues

@@ -18,7 +18,8 @@
 --   P busy              zset   groups with queued or running elements, score
 --                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
---                              r running, ls last start, bu blocked until, br block reason
+--                              r running, ls last start, bu blocked until, br block reason,
+--                              w how many queues have its row waiting (in their fw)
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
 --   P sent              hash   group -> the time reserved for its latest request (reserve_send)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
@@ -275,7 +276,7 @@ local function count(queue, state, delta)
     add(qkey(queue, 'n'), state, delta)
 end
 
--- Group counters: queued (delayed or ready) and running. The "" group keeps none.
+-- Group counters: queued (delayed or ready), running, waiting rows. The "" group keeps none.
 local function group_count(group, field, delta)
     if group ~= '' then add(gkey(group), field, delta) end
 end
@@ -316,6 +317,7 @@ local function flush()
         if known then
             queued, running = known[1] + (fields.q or 0), known[2] + (fields.r or 0)
             redis.call('HSET', key, 'q', queued, 'r', running)
+            if (fields.w or 0) ~= 0 then redis.call('HINCRBY', key, 'w', fields.w) end
         else
             for field, delta in pairs(fields) do
                 if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
@@ -436,6 +438,7 @@ local function refresh_pair(queue, group)
         if old then
             redis.call('HDEL', rows, group)
             redis.call('ZREM', waiting, group)
+            if old == '' then group_count(group, 'w', -1) end
         end
         return
     end
@@ -444,10 +447,16 @@ local function refresh_pair(queue, group)
         local member = string.sub(head[1], 1, RANK_SIZE) .. group
         redis.call('ZADD', active, head[2], member)
         redis.call('HSET', rows, group, member)
-        if old == '' then redis.call('ZREM', waiting, group) end
+        if old == '' then
+            redis.call('ZREM', waiting, group)
+            group_count(group, 'w', -1)
+        end
     else
         redis.call('ZADD', waiting, fmt(at), group)
-        if old ~= '' then redis.call('HSET', rows, group, '') end
+        if old ~= '' then
+            redis.call('HSET', rows, group, '')
+            group_count(group, 'w', 1)
+        end
     end
 end
 
@@ -468,10 +477,16 @@ local function refresh_head(queue, group)
 end
 
 -- The group's running count, start, limits or block changed: every row of it follows.
--- Returns the queues that have a row of it, i.e. those whose workers may care.
-local function refresh_gate(group)
+-- Returns the queues that have a row of it, i.e. those whose workers may care. A gate that
+-- only `opened` (a slot freed) changes nothing for active rows, so a group with no waiting
+-- row (its `w` count, over every queue) is done without looking at any queue.
+local function refresh_gate(group, opened)
     local queues = {}
     if group == '' then return queues end
+    if opened then
+        local g = gkey(group)
+        if (tonumber(redis.call('HGET', g, 'w')) or 0) + pending(g, 'w') == 0 then return queues end
+    end
     for _, queue in ipairs(all_queues()) do
         if redis.call('HEXISTS', qkey(queue, 'fr'), group) == 1 then
             refresh_pair(queue, group)
@@ -489,11 +504,11 @@ local function touch(touched, queue, group)
     touched[lease_member(queue, group)] = {queue, group}
 end
 
--- Sub-queues changed and groups' gates moved: their rows follow, and their queues' workers
--- are woken.
-local function settle(touched, gates)
+-- Sub-queues changed and groups' gates moved (`opened`: only by freed slots): their rows
+-- follow, and their queues' workers are woken.
+local function settle(touched, gates, opened)
     for group, _ in pairs(gates) do
-        for _, queue in ipairs(refresh_gate(group)) do woken[queue] = true end
+        for _, queue in ipairs(refresh_gate(group, opened)) do woken[queue] = true end
     end
     for _, pair in pairs(touched) do
         refresh_head(pair[1], pair[2])

@@ -25,5 +25,6 @@ for _, group in ipairs(redis.call('SMEMBERS', P .. 'groups')) do
     end
 end
 settle({}, gates)
+flush()
 wake()
 return deleted

@@ -33,7 +33,7 @@ for i = 2, #args do
         end
     end
 end
-settle(touched, gates)
+settle(touched, gates, true)
 flush()
 wake()
 return 1
