@@ -243,7 +243,7 @@ async def test_a_namespace_of_another_layout_is_refused_untouched(
     client = redis.Redis.from_url(redis_server.url)
     client.set("{older}:version", "1")
     client.hset("{older}:q:5:pages:e", "x" * 8, "a record of layout 1")
-    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 4"):
+    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 5"):
         await open_backend(f"{redis_server.url}?namespace=older").open()
     stored: Any = client.hget("{older}:q:5:pages:e", "x" * 8)  # typed "awaitable or value"
     assert stored == b"a record of layout 1"
@@ -289,6 +289,22 @@ async def test_unicode_keys_keep_their_group_name_through_storage(
         assert await backend.check() == []
     finally:
         client.close()
+        await backend.close()
+
+
+async def test_due_times_microseconds_apart_order_by_due(redis_server: RedisServer) -> None:
+    """Ranks hold due times in whole microseconds (lua/common.lua, `rank`): two elements due
+    2 us apart come out by due time, not by insertion."""
+    clock = ManualClock()
+    backend = open_backend(f"{redis_server.url}?namespace=microseconds", clock=clock)
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("jobs")])
+        await schedule(backend, "jobs", ["later"], seconds=-0.000001)
+        await schedule(backend, "jobs", ["sooner"], seconds=-0.000003)
+        await schedule(backend, "jobs", ["last"], seconds=-0.000001)
+        assert payloads(await claim(backend, "jobs")) == ['"sooner"', '"later"', '"last"']
+    finally:
         await backend.close()
 
 

@@ -54,7 +54,7 @@ DEFAULT_NAMESPACE = "crawlq"
 SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
@@ -86,11 +86,11 @@ def _unpacked(raw: bytes) -> Any:
 
 
 def _digests(key: str) -> tuple[bytes, str, str]:
-    """The key's 64-bit digest: as 8 bytes (its field in the element buckets, sent as msgpack
-    bin so the scripts need not decode hex), and the signed decimal and bucket the "seen" sets
-    store."""
+    """The key's 64-bit digest: as its field in the element buckets (its first bytes, sent as
+    msgpack bin so the scripts need not decode hex), and the signed decimal and bucket the
+    "seen" sets store."""
     digest = key_hash(key)
-    return digest.to_bytes(8, "big", signed=True), str(digest), str(digest % SEEN_BUCKETS)
+    return records.field_of(digest), str(digest), str(digest % SEEN_BUCKETS)
 
 
 class RedisBackend:

@@ -7,25 +7,19 @@ it reads can show up as a false alarm, never hide a real one for long.
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from typing import Any
 
 from . import records
-from .records import DUE, GROUP, ID, KEY, LEASE, STATE, WORKER
+from .records import DIGEST_SIZE, DUE, GROUP, ID, KEY, LEASE, RANK_SIZE, STATE, WORKER
 
 NEVER = 1e300
 DELAYED, READY, RUNNING = 0, 1, 2
-RANK_SIZE = 16
 
 
 def _glob_literal(text: str) -> str:
     """`text` as a Redis glob matching only itself."""
     return "".join("\\" + ch if ch in "*?[]^\\" else ch for ch in text)
-
-
-def _rank(rec: list[Any]) -> bytes:
-    return struct.pack(">d", max(0.0, float(rec[DUE]))) + struct.pack(">d", float(rec[ID]))
 
 
 def _lease_member(queue: str, field: bytes) -> bytes:
@@ -48,10 +42,10 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     """Every broken invariant, as a sentence; empty when the namespace is consistent."""
     problems: list[str] = []
     queues = [name.decode() for name in await client.hkeys(prefix + "queues")]
-    groups = {
-        g.decode(): await client.hgetall(prefix + "g:" + g.decode())
-        for g in await client.smembers(prefix + "groups")
-    }
+    groups = {}  # every group's hash, as found by its key
+    group_keys = _glob_literal(prefix + "g:") + "*"
+    async for name in client.scan_iter(match=group_keys, count=1000):
+        groups[name.decode()[len(prefix) + 2 :]] = await client.hgetall(name)
     leases = dict(await client.zrange(prefix + "leases", 0, -1, withscores=True))
     queued_by_group: Counter[str] = Counter()
     running_by_group: Counter[str] = Counter()
@@ -88,13 +82,15 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
             state, group = rec[STATE], rec[GROUP]
             state_counts[state] += 1
             where = f"{queue}/{rec[KEY]}"
-            if len(field) != 8 and field[8:].decode() != rec[KEY]:
+            if len(field) != DIGEST_SIZE and field[DIGEST_SIZE:].decode() != rec[KEY]:
                 problems.append(f"{where}: field does not match its key")
             if state == DELAYED:
                 if delayed.get(field) != float(rec[DUE]):
                     problems.append(f"{where}: delayed but not in the delayed set at its due time")
             elif state == READY:
-                ready_members.setdefault(group, set()).add(_rank(rec) + field)
+                ready_members.setdefault(group, set()).add(
+                    records.rank(float(rec[DUE]), rec[ID]) + field
+                )
             elif state == RUNNING:
                 member = _lease_member(queue, field)
                 seen_leases.add(member)

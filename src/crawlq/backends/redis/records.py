@@ -4,12 +4,14 @@ the Python side that reads them: element lookups and the consistency check.
 A record is a msgpack array holding its group as a number (names in the hash `P gn`) and its
 key without the group's name where the key holds it (KEY_AT: where it was; for a URL, minus
 the number of its scheme in KEY_HEADS, and the key is what follows the host without the
-closing quote), with the falses at the end left off; each lives in one of the queue's
+closing quote), PAYLOAD, PRIORITY and ATTEMPTS false when the key and 0, with the falses at
+the end left off; each lives in one of the queue's
 buckets (hashes), picked by its field and the buckets' linear hashing state (`bucket`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -17,14 +19,14 @@ import msgpack
 # Fields, zero-based.
 (
     ID,
-    PAYLOAD,
     GROUP,
-    PRIORITY,
     DUE,
     STATE,
-    ATTEMPTS,
     KEY,
     KEY_AT,
+    PAYLOAD,
+    PRIORITY,
+    ATTEMPTS,
     LEASE,
     WORKER,
     NEXT_DUE,
@@ -35,6 +37,22 @@ import msgpack
 SIZE = 15
 #: As KEY_HEADS in common.lua: a key's head stored as -1, -2.
 KEY_HEADS = ('"https://', '"http://')
+#: An element's field: this many bytes of its key's 64-bit digest (common.lua, `find`).
+DIGEST_SIZE = 6
+#: As `rank` in common.lua: due time in microseconds (7 bytes), insertion number (6 bytes).
+RANK_SIZE = 13
+RANK_DUE_MAX = 72057594037
+
+
+def field_of(digest: int) -> bytes:
+    """An element's field in its queue's buckets, from its key's signed 64-bit digest."""
+    return digest.to_bytes(8, "big", signed=True)[:DIGEST_SIZE]
+
+
+def rank(due: float, number: int) -> bytes:
+    """Where an element ranks among its sub-queue's equal priorities, as `rank` in Lua."""
+    due = min(max(due, 0.0), RANK_DUE_MAX)
+    return math.floor(due * 1e6).to_bytes(7, "big") + number.to_bytes(6, "big")
 
 
 def bucket(field: bytes, level: int, split: int) -> int:
@@ -52,6 +70,7 @@ def unpack(raw: bytes) -> list[Any]:
     `resolve`)."""
     rec: list[Any] = msgpack.unpackb(raw, raw=False)
     rec += [False] * (SIZE - len(rec))
+    rec[PRIORITY], rec[ATTEMPTS] = rec[PRIORITY] or 0, rec[ATTEMPTS] or 0
     return rec
 
 

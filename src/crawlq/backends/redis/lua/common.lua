@@ -14,7 +14,6 @@
 --   P seq               string insertion counter: element ids, the last tie-break of the order
 --   P limits            hash   glob -> msgpack {lua pattern, specificity a, specificity b,
 --                                                concurrency or false, interval}
---   P groups            set    every group name but "" (elements without a group)
 --   P busy              zset   groups with queued or running elements, score
 --                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
@@ -29,7 +28,7 @@
 --   P gseq              string the last group number given
 --   P q:<#q>:<q>:e:<b>  hash   field -> msgpack element record (see REC below), in buckets that
 --                              grow with the queue (see eb and `records`), so each stays a small
---                              listpack. An element's field is the 8-byte digest of its key; the
+--                              listpack. An element's field is a 6-byte digest of its key; the
 --                              rare key whose digest another key holds gets digest .. key, and
 --                              the digest joins ec
 --   P q:<#q>:<q>:eb     hash   the buckets' linear hashing: l level, s the next bucket to split
@@ -37,9 +36,9 @@
 --   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
 --   P q:<#q>:<q>:d      zset   delayed fields by due time
 --   P q:<#q>:<q>:r:<g>  zset   the (queue, group) sub-queue of ready elements: score -priority,
---                              member RANK .. field (RANK: due, then id, as big-endian doubles,
---                              which sort bytewise), so equal priorities order by due time,
---                              then insertion
+--                              member RANK .. field (RANK: due in microseconds, then id, as
+--                              big-endian integers, which sort bytewise: see `rank`), so equal
+--                              priorities order by due time, then insertion
 --   P q:<#q>:<q>:fa     zset   frontier, active rows: score -priority of the head, member
 --                              head RANK .. group
 --   P q:<#q>:<q>:fw     zset   frontier, waiting rows: group by gate (when the group admits a start)
@@ -57,8 +56,9 @@ local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
 -- compactly (`encode`): GROUP as the group's number, KEY without the group's name where it holds
 -- it (a URL holds its host) and KEY_AT where that was (or, for a URL, without its scheme too:
--- see KEY_HEADS), the falses at the end left off.
-local ID, PAYLOAD, GROUP, PRIORITY, DUE, STATE, ATTEMPTS, KEY, KEY_AT, LEASE, WORKER, NEXT_DUE,
+-- see KEY_HEADS), PAYLOAD false when it is the key, PRIORITY and ATTEMPTS false when 0, and
+-- the falses at the end left off: the fields most often false come last.
+local ID, GROUP, DUE, STATE, KEY, KEY_AT, PAYLOAD, PRIORITY, ATTEMPTS, LEASE, WORKER, NEXT_DUE,
       NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
 local REC_SIZE = 15
 -- A queue's records fill buckets of about this many on average: each key costs Redis ~90 bytes,
@@ -69,7 +69,10 @@ local RECORDS_PER_BUCKET = 32
 -- HISTORY, once the element ran: its last attempts, {attempt, claimed at, worker, outcome or
 -- false while running}, at most HISTORY_SIZE.
 local HISTORY_SIZE = 10
-local RANK_SIZE = 16
+-- An element's place among equal priorities (`rank`): its due time in whole microseconds
+-- (7 bytes), then its insertion number (6 bytes), big-endian so that bytes sort as numbers.
+local RANK_SIZE = 13
+local RANK_DUE_MAX = 72057594037  -- seconds: 2^56 microseconds, the year 4253
 
 local function fmt(x)
     return string.format('%.17g', x)
@@ -93,11 +96,10 @@ local function split_lease_member(member)
     return string.sub(member, colon + 1, colon + n), string.sub(member, colon + n + 1)
 end
 
--- Big-endian doubles of non-negative numbers sort bytewise as the numbers do.
 local function rank(rec)
     local due = rec[DUE]
-    if due < 0 then due = 0 end
-    return struct.pack('>d', due) .. struct.pack('>d', rec[ID])
+    if due < 0 then due = 0 elseif due > RANK_DUE_MAX then due = RANK_DUE_MAX end
+    return struct.pack('>I7', math.floor(due * 1e6)) .. struct.pack('>I6', rec[ID])
 end
 
 -- Bytewise order, as Redis orders members (Lua's < follows the server's locale).
@@ -185,6 +187,8 @@ local function encode(rec)
     for i = 1, REC_SIZE do stored[i] = rec[i] end
     local group, key = rec[GROUP], rec[KEY]
     stored[GROUP], stored[KEY_AT] = group_id(group), false
+    if stored[PRIORITY] == 0 then stored[PRIORITY] = false end
+    if stored[ATTEMPTS] == 0 then stored[ATTEMPTS] = false end
     local at = group ~= '' and string.find(key, group, 1, true)
     if at then
         local head = HEAD_NUMBERS[string.sub(key, 1, at - 1)]
@@ -206,6 +210,7 @@ end
 local function decode(raw)
     local rec = cmsgpack.unpack(raw)
     for i = #rec + 1, REC_SIZE do rec[i] = false end
+    rec[PRIORITY], rec[ATTEMPTS] = rec[PRIORITY] or 0, rec[ATTEMPTS] or 0
     local group = group_name(rec[GROUP])
     local at = rec[KEY_AT]
     if at and at < 0 then
@@ -399,7 +404,6 @@ local function ensure_group(group)
         group_ids[group], group_names[id] = id, group
         return
     end
-    redis.call('SADD', P .. 'groups', group)
     local concurrency, interval = resolve(group)
     id = redis.call('INCR', P .. 'gseq')
     group_ids[group], group_names[id] = id, group
@@ -655,8 +659,10 @@ local function apply(item, touched)
         end
         ensure_group(group)
         if field ~= digest then redis.call('SADD', qkey(queue, 'ec'), digest) end
-        rec = {redis.call('INCR', P .. 'seq'), payload, group, priority, due, READY, 0, key,
-               false, false, false, false, false, false, false}
+        rec = {}
+        for i = 1, REC_SIZE do rec[i] = false end
+        rec[ID], rec[GROUP], rec[DUE], rec[STATE] = redis.call('INCR', P .. 'seq'), group, due, READY
+        rec[KEY], rec[PAYLOAD], rec[PRIORITY], rec[ATTEMPTS] = key, payload, priority, 0
         place(queue, field, rec, touched)
         group_count(group, 'q', 1)
         save(queue, field, rec)

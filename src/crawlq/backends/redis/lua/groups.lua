@@ -27,7 +27,7 @@ if not include_idle then
 end
 
 local rows = {}
-for _, group in ipairs(redis.call('SMEMBERS', P .. 'groups')) do
+for _, group in ipairs(redis.call('HVALS', P .. 'gn')) do
     if string.find(group, pattern) then
         table.insert(rows, row(group, redis.call('HMGET', gkey(group), 'q', 'r', 'c', 'i', 'ls', 'bu', 'br')))
     end

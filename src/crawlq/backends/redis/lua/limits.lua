@@ -11,7 +11,7 @@ for i = 2, #args do
                cmsgpack.pack({rule[2], rule[3], rule[4], rule[5], rule[6]}))
 end
 local gates = {}
-for _, group in ipairs(redis.call('SMEMBERS', P .. 'groups')) do
+for _, group in ipairs(redis.call('HVALS', P .. 'gn')) do
     local concurrency, interval = resolve(group)
     local current = redis.call('HMGET', gkey(group), 'c', 'i')
     if tonumber(current[1]) ~= (concurrency or nil) or tonumber(current[2]) ~= interval then
