@@ -55,12 +55,14 @@ local function ranks_before(score, member, other_score, other_member)
 end
 
 -- A group's limits and counts, read once for both `room` and `still_open`; the counts
--- become known to `flush` (they change only there).
+-- become known to `flush` (they change only there), and its number to `decode`.
 local function group_fields(group)
     if group == '' then return nil end
-    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r', 'q')
+    local g = redis.call('HMGET', gkey(group), 'c', 'i', 'r', 'q', 'id')
     local fields = {tonumber(g[1]), tonumber(g[2]) or 0, tonumber(g[3]) or 0, tonumber(g[4]) or 0}
     known_counts(group, fields[4], fields[3])
+    local id = tonumber(g[5])
+    if id then group_ids[group], group_names[id] = id, group end
     return fields
 end
 
