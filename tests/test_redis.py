@@ -149,6 +149,42 @@ async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
         watcher.close()
 
 
+async def test_a_waiting_row_goes_when_its_last_element_moves_away(
+    redis_server: RedisServer,
+) -> None:
+    """A full group's row waits for a slot; moving its last ready element to later, or into
+    another group, must take the row away (a schedule only looks at an active row's head)."""
+    clock = ManualClock()
+    backend = open_backend(f"{redis_server.url}?namespace=waiting-row", clock=clock)
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        await backend.set_limits([LimitRule(pattern="*.test", limit=Limit(concurrency=1))])
+        await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2), url("b.test", 1)])
+        running = await claim(backend, "pages")
+        assert {c.group for c in running} == {"a.test", "b.test"}
+        assert (await schedule(backend, "pages", [url("a.test", 2)], seconds=60)).moved == 1
+        assert await backend.check() == []
+        await backend.ack(running)
+        clock.advance(61)
+        (later,) = await claim(backend, "pages")
+        assert json.loads(later.payload) == url("a.test", 2)
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+
+
+async def test_a_closed_backend_says_so(redis_server: RedisServer) -> None:
+    backend = open_backend(f"{redis_server.url}?namespace=closed")
+    with pytest.raises(BackendError, match="is not open"):
+        await claim(backend, "pages")
+    await backend.open()
+    await backend.ensure_queues([config("pages")])
+    await backend.close()
+    with pytest.raises(BackendError, match="is not open"):
+        await schedule(backend, "pages", [url("a.test", 1)])
+
+
 async def test_record_buckets_grow_with_the_queue(redis_server: RedisServer) -> None:
     """Linear hashing (lua/common.lua, `grow`): about 32 records a bucket at every size, each
     bucket a listpack, every record in the bucket its state says, every element found."""

@@ -108,7 +108,7 @@ class RedisBackend:
         self._anchor = self.prefix + "queues"
         self._create = create
         self._client: Redis | None = None
-        self._lanes: Lanes
+        self._lanes: Lanes | None = None
 
     async def __aenter__(self) -> RedisBackend:
         await self.open()
@@ -194,8 +194,10 @@ class RedisBackend:
         await stored  # redis-py types its asyncio commands as "Awaitable or value"
 
     async def close(self) -> None:
-        if self._client is not None:
+        if self._lanes is not None:
             await self._lanes.close()
+            self._lanes = None
+        if self._client is not None:
             await self._client.aclose()
             self._client = None
 
@@ -227,6 +229,8 @@ class RedisBackend:
     async def _run(self, script: str, payload: Any, *extra: str) -> Any:
         args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(payload), *extra]
         lanes = self._lanes
+        if lanes is None:
+            raise BackendError(f"backend {self.url} is not open")
         try:
             return await self._patiently(lambda: scripts.call(lanes, script, [self._anchor], args))
         except (ConnectionError, TimeoutError) as exc:

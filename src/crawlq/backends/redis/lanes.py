@@ -40,6 +40,7 @@ class Lanes:
         self.client = client
         self._pool: Any = client.connection_pool  # make_connection is untyped
         self._idle: list[AbstractConnection] = []
+        self._closed = False
 
     async def call(self, command: bytes) -> Any:
         """The reply of one packed command; a Redis error reply is raised as ResponseError."""
@@ -49,20 +50,31 @@ class Lanes:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
         except ResponseError:
-            self._idle.append(connection)  # the error was the whole reply
+            await self._give_back(connection)  # the error was the whole reply
             raise
         except (ConnectionError, TimeoutError, OSError):
             # The server went away or restarted: its other idle connections are as stale.
             await connection.disconnect(nowait=True)
-            await self.close()
+            await self._drop_idle()
             raise
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
-        self._idle.append(connection)
+        await self._give_back(connection)
         return reply
 
+    async def _give_back(self, connection: AbstractConnection) -> None:
+        if self._closed:  # a call that was under way when the lanes closed
+            await connection.disconnect(nowait=True)
+        else:
+            self._idle.append(connection)
+
     async def close(self) -> None:
+        """Disconnects the idle connections, and each busy one as its call ends."""
+        self._closed = True
+        await self._drop_idle()
+
+    async def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.disconnect(nowait=True)

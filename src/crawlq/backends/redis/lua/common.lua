@@ -465,11 +465,16 @@ local function refresh_pair(queue, group)
 end
 
 -- A (queue, group) sub-queue changed but the group's gate did not: only an active row's head
--- can have moved. A waiting row waits for its gate, and the claim reads its head when the gate
--- passes (so a schedule into a busy group costs three reads, not a rewrite of its row).
+-- can have moved, or the sub-queue emptied. A waiting row that still has elements waits for
+-- its gate, and the claim reads its head when the gate passes (so a schedule into a busy group
+-- costs three reads, not a rewrite of its row).
 local function refresh_head(queue, group)
     local old = redis.call('HGET', qkey(queue, 'fr'), group)
-    if old == '' then return end
+    if old == '' then
+        if redis.call('EXISTS', qkey(queue, 'r:' .. group)) == 1 then return end
+        refresh_pair(queue, group)
+        return
+    end
     if old then
         local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
         if head[1] and string.sub(head[1], 1, RANK_SIZE) .. group == old
@@ -645,7 +650,7 @@ end
 local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
 local OVERWRITE, ONLY_IF_EARLIER = 0, 1
 
--- One schedule: {queue, key, payload or false, group, due, priority, mode, digest (8 bytes),
+-- One schedule: {queue, key, payload or false, group, due, priority, mode, digest (6 bytes),
 -- seen digest, seen bucket, revisit}; a queue with `seen` skips keys it finished unless asked
 -- to revisit them. Returns what happened (ADDED ... SKIPPED).
 local function apply(item, touched)

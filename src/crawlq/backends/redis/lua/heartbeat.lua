@@ -1,6 +1,6 @@
 -- heartbeat: extends the leases a worker still holds and records that it is alive.
 -- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is
---   {queue, key, id, attempt, digest (8 bytes), claimed at}
+--   {queue, key, id, attempt, digest (6 bytes), claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local worker, lease_until = args[1], NOW + args[2]
 for i = 3, #args do

@@ -2,7 +2,7 @@
 -- claim's time fence a lease: a call from a run whose lease expired and that ran again
 -- changes nothing.
 -- ARGV[3]: msgpack {action, items...}; action "ack", "fail" or "release"; an item is
---   {queue, key, id, attempt, digest (8 bytes), seen digest, seen bucket, due, retry_at or false,
+--   {queue, key, id, attempt, digest (6 bytes), seen digest, seen bucket, due, retry_at or false,
 --    error, traceback, claimed at}
 local args = cmsgpack.unpack(ARGV[3])
 local action = args[1]
