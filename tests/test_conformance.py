@@ -674,6 +674,74 @@ async def test_limits_are_validated() -> None:
 # -- the frontier stays true under churn ------------------------------------------------------
 
 
+async def test_raising_the_priority_of_a_groups_only_element_puts_it_first(
+    backend: Backend,
+) -> None:
+    """The element stays its sub-queue's head with the same due time; only its priority
+    moves, and the claim across groups must see it."""
+    await schedule(backend, "pages", [url("a.test", 1)])
+    await schedule(backend, "pages", [url("b.test", 1)])
+    assert (await schedule(backend, "pages", [url("b.test", 1)], priority=5)).moved == 1
+    (first,) = await claim(backend, limit=1)
+    assert first.group == "b.test" and first.priority == 5
+
+
+async def test_the_store_stays_consistent_through_random_operations(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """Every kind of operation in random order, over two queues sharing their groups (pages,
+    logins) and one without groups (jobs): moves in time and priority, full and blocked
+    groups, leases running out, settles that come late. `check()` finds nothing wrong after
+    each step, not only at the end (a wrong frontier row can heal before the end)."""
+    import random
+
+    rng = random.Random(11)
+    await backend.set_limits(
+        [
+            LimitRule(pattern="*", limit=Limit(concurrency=1, interval=0.5)),
+            LimitRule(pattern="h1.test", limit=Limit(concurrency=2)),
+        ]
+    )
+    hosts = ["h0.test", "h1.test", "h2.test"]
+    queues = ["pages", "logins", "jobs"]
+    held: list[Claimed] = []
+    for step in range(300):
+        op = rng.random()
+        if op < 0.3:
+            batch = [url(rng.choice(hosts), rng.randrange(8)) for _ in range(rng.randrange(1, 4))]
+            await schedule(
+                backend,
+                rng.choice(queues),
+                batch,
+                seconds=rng.choice([0, 0, 1, 5, 60]),
+                priority=rng.choice([0, 0, 1, -1]),
+                mode=rng.choice([Mode.OVERWRITE, Mode.OVERWRITE, Mode.ONLY_IF_EARLIER]),
+            )
+        elif op < 0.55:
+            chosen = rng.sample(queues, rng.randrange(1, 4))
+            claimed = await backend.claim(chosen, worker="w", limit=rng.randrange(1, 4), lease=5)
+            held += claimed.elements
+        elif op < 0.8 and held:
+            element = held.pop(rng.randrange(len(held)))
+            action = rng.random()
+            if action < 0.5:
+                await backend.ack([element])
+            elif action < 0.65:
+                await backend.release([element])
+            elif action < 0.85:
+                retry_at = clock() + rng.choice([0, 2])
+                await backend.fail([Failure(element=element, error="x", retry_at=retry_at)])
+            else:
+                await backend.fail([Failure(element=element, error="dead")])
+        elif op < 0.87:
+            until = None if rng.random() < 0.5 else clock() + rng.choice([1, 10])
+            await backend.block_group(rng.choice(hosts), until, "test" if until else None)
+        else:
+            clock.advance(rng.choice([0.25, 1, 3, 6]))  # 6 s: past a lease
+        problems = await backend.check()
+        assert problems == [], (step, problems)
+
+
 async def test_frontier_matches_a_simple_model_under_random_operations(
     backend: Backend, clock: ManualClock
 ) -> None:
