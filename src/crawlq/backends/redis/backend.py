@@ -54,7 +54,7 @@ DEFAULT_NAMESPACE = "crawlq"
 SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
-SCHEMA_VERSION = "5"
+SCHEMA_VERSION = "6"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0

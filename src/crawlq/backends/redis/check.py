@@ -60,7 +60,12 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
     problems += _check_group_numbers(groups, names)
     for queue in queues:
         stored = {}
-        level, split = (int(n or 0) for n in await client.hmget(key(queue, "eb"), ["l", "s"]))
+        level, split, collisions = (
+            int(n or 0) for n in await client.hmget(key(queue, "eb"), ["l", "s", "c"])
+        )
+        shared = await client.scard(key(queue, "ec"))
+        if collisions != shared:
+            problems.append(f"{queue}: counts {collisions} shared digests, the set holds {shared}")
         buckets = key(queue, "e:")
         async for name in client.scan_iter(match=_glob_literal(buckets) + "*", count=1000):
             bucket = name.decode()[len(buckets) :]

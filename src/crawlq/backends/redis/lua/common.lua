@@ -31,7 +31,8 @@
 --                              listpack. An element's field is a 6-byte digest of its key; the
 --                              rare key whose digest another key holds gets digest .. key, and
 --                              the digest joins ec
---   P q:<#q>:<q>:eb     hash   the buckets' linear hashing: l level, s the next bucket to split
+--   P q:<#q>:<q>:eb     hash   the buckets' linear hashing: l level, s the next bucket to split;
+--                              c how many digests ec holds (0: no lookup needs it)
 --   P q:<#q>:<q>:ec     set    digests shared by more than one key (see e:<b>)
 --   P q:<#q>:<q>:n      hash   0 delayed, 1 ready, 2 running, 3 dead -> count
 --   P q:<#q>:<q>:d      zset   delayed fields by due time
@@ -130,8 +131,9 @@ local bucket_states
 local function bucket_state(queue)
     local state = bucket_states[queue]
     if state == nil then
-        local stored = redis.call('HMGET', qkey(queue, 'eb'), 'l', 's')
-        state = {tonumber(stored[1]) or 0, tonumber(stored[2]) or 0}
+        local stored = redis.call('HMGET', qkey(queue, 'eb'), 'l', 's', 'c')
+        state = {tonumber(stored[1]) or 0, tonumber(stored[2]) or 0,
+                 collisions = tonumber(stored[3]) or 0}
         bucket_states[queue] = state
     end
     return state
@@ -236,7 +238,8 @@ local function find(queue, key, digest)
         local rec = decode(raw)
         if rec[KEY] == key then return rec, digest end
         taken = true
-    elseif redis.call('SISMEMBER', qkey(queue, 'ec'), digest) == 0 then
+    elseif bucket_state(queue).collisions == 0
+            or redis.call('SISMEMBER', qkey(queue, 'ec'), digest) == 0 then
         return nil, digest
     end
     local long = digest .. key
@@ -508,9 +511,26 @@ end
 -- Queues whose idle workers a call wakes as it ends (`wake`): set of queue names.
 local woken
 
--- touched: set of "<#q>:<q><group>" -> {queue, group}; gates: set of groups.
-local function touch(touched, queue, group)
-    touched[lease_member(queue, group)] = {queue, group}
+-- touched: set of "<#q>:<q><group>" -> {queue, group, added = the member of a new element,
+-- moved = whether anything else (or more) changed in that sub-queue}; gates: set of groups.
+local function touch(touched, queue, group, added)
+    local name = lease_member(queue, group)
+    local pair = touched[name]
+    if pair == nil then
+        touched[name] = {queue, group, added = added, moved = not added}
+    else
+        pair.moved = true
+    end
+end
+
+-- A touched sub-queue's row follows it. When all that changed is one new element and it did
+-- not become the head, the row (active or waiting) already stands: one ZRANK.
+local function refresh_touched(pair)
+    if not pair.moved
+            and redis.call('ZRANK', qkey(pair[1], 'r:' .. pair[2]), pair.added) > 0 then
+        return
+    end
+    refresh_head(pair[1], pair[2])
 end
 
 -- Sub-queues changed and groups' gates moved (`opened`: only by freed slots): their rows
@@ -520,7 +540,7 @@ local function settle(touched, gates, opened)
         for _, queue in ipairs(refresh_gate(group, opened)) do woken[queue] = true end
     end
     for _, pair in pairs(touched) do
-        refresh_head(pair[1], pair[2])
+        refresh_touched(pair)
         woken[pair[1]] = true
     end
 end
@@ -533,15 +553,17 @@ end
 -- -- element placement -----------------------------------------------------------------------
 -- These take an element's field (see `find`), not its key.
 
--- Puts a queued element where its state says: the delayed set or its sub-queue.
-local function place(queue, field, rec, touched)
+-- Puts a queued element where its state says: the delayed set or its sub-queue (`added`: a
+-- new element, see `refresh_touched`).
+local function place(queue, field, rec, touched, added)
     if rec[DUE] > NOW then
         rec[STATE] = DELAYED
         redis.call('ZADD', qkey(queue, 'd'), fmt(rec[DUE]), field)
     else
         rec[STATE] = READY
-        redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], rank(rec) .. field)
-        touch(touched, queue, rec[GROUP])
+        local member = rank(rec) .. field
+        redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], member)
+        touch(touched, queue, rec[GROUP], added and member)
     end
     count(queue, rec[STATE], 1)
 end
@@ -663,12 +685,15 @@ local function apply(item, touched)
             return SKIPPED
         end
         ensure_group(group)
-        if field ~= digest then redis.call('SADD', qkey(queue, 'ec'), digest) end
+        if field ~= digest and redis.call('SADD', qkey(queue, 'ec'), digest) == 1 then
+            redis.call('HINCRBY', qkey(queue, 'eb'), 'c', 1)
+            bucket_state(queue).collisions = bucket_state(queue).collisions + 1
+        end
         rec = {}
         for i = 1, REC_SIZE do rec[i] = false end
         rec[ID], rec[GROUP], rec[DUE], rec[STATE] = redis.call('INCR', P .. 'seq'), group, due, READY
         rec[KEY], rec[PAYLOAD], rec[PRIORITY], rec[ATTEMPTS] = key, payload, priority, 0
-        place(queue, field, rec, touched)
+        place(queue, field, rec, touched, true)
         group_count(group, 'q', 1)
         save(queue, field, rec)
         grow(queue)
