@@ -526,9 +526,9 @@ end
 -- A touched sub-queue's row follows it. When all that changed is one new element and it did
 -- not become the head, the row (active or waiting) already stands: one ZRANK.
 local function refresh_touched(pair)
-    if not pair.moved
-            and redis.call('ZRANK', qkey(pair[1], 'r:' .. pair[2]), pair.added) > 0 then
-        return
+    if not pair.moved then
+        local at = redis.call('ZRANK', qkey(pair[1], 'r:' .. pair[2]), pair.added)
+        if at and at > 0 then return end
     end
     refresh_head(pair[1], pair[2])
 end
