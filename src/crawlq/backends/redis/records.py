@@ -5,8 +5,8 @@ A record is a msgpack array holding its group as a number (names in the hash `P 
 key without the group's name where the key holds it (KEY_AT: where it was; for a URL, minus
 the number of its scheme in KEY_HEADS, and the key is what follows the host without the
 closing quote), PAYLOAD, PRIORITY and ATTEMPTS false when the key and 0, with the falses at
-the end left off; each lives in one of the queue's
-buckets (hashes), picked by its field and the buckets' linear hashing state (`bucket`).
+the end left off; each lives in one of the queue's buckets (hashes), picked by its field and
+the buckets' linear hashing state (`bucket`).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ local function group_fields(group)
     local fields = {tonumber(g[1]), tonumber(g[2]) or 0, tonumber(g[3]) or 0, tonumber(g[4]) or 0}
     known_counts(group, fields[4], fields[3])
     local id = tonumber(g[5])
-    if id then group_ids[group], group_names[id] = id, group end
+    if id then note_group(group, id) end
     return fields
 end
 

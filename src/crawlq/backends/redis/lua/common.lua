@@ -159,11 +159,16 @@ end
 -- Group numbers, both ways, read once a call.
 local group_ids, group_names
 
+local function note_group(group, id)
+    group_ids[group], group_names[id] = id, group
+end
+
+-- The group's number; nil while it has none (`ensure_group` gives it one).
 local function group_id(group)
     local id = group_ids[group]
     if id == nil then
         id = tonumber(redis.call('HGET', gkey(group), 'id'))
-        group_ids[group], group_names[id] = id, group
+        if id then note_group(group, id) end
     end
     return id
 end
@@ -172,7 +177,7 @@ local function group_name(id)
     local name = group_names[id]
     if name == nil then
         name = redis.call('HGET', P .. 'gn', id)
-        group_names[id], group_ids[name] = name, id
+        note_group(name, id)
     end
     return name
 end
@@ -325,10 +330,10 @@ local function flush()
         if known then
             queued, running = known[1] + (fields.q or 0), known[2] + (fields.r or 0)
             redis.call('HSET', key, 'q', queued, 'r', running)
-            if (fields.w or 0) ~= 0 then redis.call('HINCRBY', key, 'w', fields.w) end
-        else
-            for field, delta in pairs(fields) do
-                if delta ~= 0 then redis.call('HINCRBY', key, field, delta) end
+        end
+        for field, delta in pairs(fields) do
+            if delta ~= 0 and not (known and (field == 'q' or field == 'r')) then
+                redis.call('HINCRBY', key, field, delta)
             end
         end
         if string.sub(key, 1, #GROUP_PREFIX) == GROUP_PREFIX then
@@ -401,15 +406,10 @@ end
 
 -- A group is known once it has a number (`group_id` then finds it in this call's cache).
 local function ensure_group(group)
-    if group_ids[group] then return end
-    local id = tonumber(redis.call('HGET', gkey(group), 'id'))
-    if id then
-        group_ids[group], group_names[id] = id, group
-        return
-    end
+    if group_id(group) then return end
     local concurrency, interval = resolve(group)
-    id = redis.call('INCR', P .. 'gseq')
-    group_ids[group], group_names[id] = id, group
+    local id = redis.call('INCR', P .. 'gseq')
+    note_group(group, id)
     redis.call('HSET', P .. 'gn', id, group)
     if concurrency then
         redis.call('HSET', gkey(group), 'id', id, 'c', concurrency, 'i', fmt(interval))

@@ -20,7 +20,7 @@ for _, key in ipairs(keys) do
         end
     end
 end
-for _, pair in pairs(touched) do refresh_pair(pair[1], pair[2]) end
+settle(touched, {})
 flush()
 wake()
 return taken

@@ -13,7 +13,7 @@ for _, item in ipairs(items) do
     local outcome = apply(item, touched)
     outcomes[outcome] = outcomes[outcome] + 1
 end
-for _, pair in pairs(touched) do refresh_touched(pair) end
+settle(touched, {})
 flush()
 wake()
 return cmsgpack.pack(outcomes)
