@@ -13,6 +13,7 @@ proxy from the server's side. The sites also know the true totals of what they s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -163,7 +164,13 @@ class DemoSite:
     hits: list[Hit] = field(default_factory=list)
     active: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     peak: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Tests set crowd: a host's report requests then wait (at most crowd_wait seconds)
+    # until that many of its requests are in flight at once, so a run on a loaded
+    # machine still shows whether the per-host limit lets that many through.
+    crowd: int = 0
+    crowd_wait: float = 5.0
     logins: int = 0
+    _crowded: dict[str, asyncio.Event] = field(default_factory=dict)
     _sessions: set[str] = field(default_factory=set)
     _served: set[str] = field(default_factory=set)
 
@@ -204,6 +211,8 @@ class DemoSite:
         self.hits.append(hit)
         self.active[host] += 1
         self.peak[host] = max(self.peak[host], self.active[host])
+        if self.crowd and self.peak[host] >= self.crowd:
+            self._crowd(host).set()
         try:
             answer = await self._answer(request, host)
             hit.status = answer.status
@@ -229,7 +238,13 @@ class DemoSite:
             )
         if request.path == "/reports":
             return self._listing(request, host)
+        if self.crowd:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._crowd(host).wait(), self.crowd_wait)
         return self._report(request, host)
+
+    def _crowd(self, host: str) -> asyncio.Event:
+        return self._crowded.setdefault(host, asyncio.Event())
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         if request.method != "POST":
