@@ -46,8 +46,10 @@ async def test_two_processes_crawl_every_page_once_within_the_limits(tmp_path: P
     records = read_records(tmp_path / PAGES_FILE)
     assert len(records) == len(SITES) * PAGES
     assert {r["error"] for r in records} == {None}
+    # One WARC run per process that fetched (the pid is in the name), never the parent's. On a
+    # loaded machine one process may take every page before the other has started.
     writers = {path.name.split("-")[2] for path in (tmp_path / WARC_DIR).glob("*.warc.gz")}
-    assert len(writers) == 2  # one WARC run per process (the pid is in the name)
+    assert 1 <= len(writers) <= 2 and str(process.pid) not in writers, writers
     assert f"done: {len(SITES) * PAGES} pages and 0 errors this run in 2 processes" in text
     assert "0 left in the queue" in text
 

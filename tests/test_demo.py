@@ -83,6 +83,7 @@ async def test_the_etl_is_polite_proxied_and_reprocesses_without_a_request(
     assert site.logins == len(HOSTS)  # one login per sub-domain, reused after
     # at most 4 in flight per sub-domain throughout, and every sub-domain's 12 reports,
     # queued at once, filled its 4 slots (the site holds reports until 4 are in flight)
+    assert site.crowd_timeouts == 0
     peaks = peak_in_flight(site.hits)
     assert peaks == dict.fromkeys(HOSTS, 4), peaks
     assert site.peak == dict.fromkeys(HOSTS, 4), site.peak
@@ -138,6 +139,7 @@ def _formats() -> list[tuple[int, str]]:
     return [(n, make_report(n).format) for n in range(REPORTS)]
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 def test_crawlq_demo_end_to_end_then_reprocess_and_export(tmp_path: Path) -> None:
     """README's first command, small: the real CLI in a subprocess, then the commands the
     demo tells you to run next."""

@@ -165,8 +165,9 @@ def run_competing(env: Env, workers: list[subprocess.Popen[bytes]], elements: li
         assert worker.returncode == 0, output
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 def test_four_processes_never_exceed_a_groups_concurrency(env: Env) -> None:
-    env.vars.update(TEST_CONCURRENCY="2", TEST_HIT_SECONDS="0.05")
+    env.vars.update(TEST_CONCURRENCY="2", TEST_HIT_SECONDS="0.05", TEST_CROWD="2")
     elements = [f"http://polite.test/{i}" for i in range(120)]
     run_competing(env, [env.worker("--processes", "4", "-c", "1")], elements)
     events = env.events()
@@ -298,10 +299,13 @@ def test_an_idle_worker_wakes_when_work_is_scheduled(env: Env) -> None:
             finish(worker)
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 def test_separate_workers_share_a_groups_limits(env: Env) -> None:
     """Four `crawlq worker` commands, as on four machines: one group's concurrency and
     interval hold across all of them."""
-    env.vars.update(TEST_CONCURRENCY="2", TEST_INTERVAL="0.02", TEST_HIT_SECONDS="0.1")
+    env.vars.update(
+        TEST_CONCURRENCY="2", TEST_INTERVAL="0.02", TEST_HIT_SECONDS="0.1", TEST_CROWD="2"
+    )
     elements = [f"http://polite.test/{i}" for i in range(60)]
     run_competing(env, [env.worker("-c", "1") for _ in range(4)], elements)
     events = env.events()

@@ -38,10 +38,39 @@ def record(event: str, ctx: crawlq.Context, element: Any) -> None:
     os.write(_record, (json.dumps(line) + "\n").encode())
 
 
+_crowd = int(os.environ.get("TEST_CROWD", "0"))
+_crowd_met = False
+
+
+def _peak_hits() -> int:
+    """The most hits in flight at once so far, across every process, from the record."""
+    with open(os.environ["CRAWLQ_RECORD"]) as lines:
+        running = peak = 0
+        for line in lines:
+            event = json.loads(line)["event"]
+            running += event == "start"
+            running -= event == "end"
+            peak = max(peak, running)
+    return peak
+
+
+async def _wait_for_crowd() -> None:
+    """With TEST_CROWD=N, a hit waits until N hits were in flight at once (or 30 s passed), so
+    a test on a loaded machine still sees whether the group's limit lets N through."""
+    global _crowd_met
+    waited = 0.0
+    while not _crowd_met and waited < 30:
+        _crowd_met = _peak_hits() >= _crowd
+        await asyncio.sleep(0.005)
+        waited += 0.005
+
+
 @app.task(lease=LEASE)
 async def hit(ctx: crawlq.Context, url: str) -> None:
     """A request to a polite host: takes a little while."""
     record("start", ctx, url)
+    if _crowd:
+        await _wait_for_crowd()
     await asyncio.sleep(float(os.environ.get("TEST_HIT_SECONDS", "0.02")))
     record("end", ctx, url)
 

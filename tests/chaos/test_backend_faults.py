@@ -167,6 +167,7 @@ async def test_a_redis_call_outlasts_connections_dropped_in_their_handshake() ->
         server.remove()
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 @pytest.mark.parametrize("appendfsync", ["always", "everysec"])
 def test_a_crawl_rides_out_redis_crashes(appendfsync: str, tmp_path: Path) -> None:
     """1,000 pages, 3 crawl processes and 2 probe writers on one redis-server with an

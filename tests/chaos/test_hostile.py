@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl, CrawlSettings
-from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.errors import TRANSIENT, FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.politeness import Backoff
 from crawlq.crawl.records import read_records
@@ -178,9 +178,12 @@ async def test_a_whole_crawl_of_hostile_pages_records_every_page_and_the_worker_
             expected = EXPECTED[kind]
             assert final["error"] == (expected.value if expected else None), (kind, final)
             assert final["retry"] is False
-    transient = [url for url in pages if any(r["retry"] for r in records[url])]
+    # A page failing for a transient reason is retried, then dead-lettered. (A stall on a
+    # loaded machine may time out any page's first try: it is retried, and ends by its kind.)
+    retried = {url for url in pages if any(r["retry"] for r in records[url])}
+    dying = {server.url(k, n) for k in kinds for n in range(2) if EXPECTED[k] in TRANSIENT}
     assert stats.done + stats.dead == len(pages) + 1  # every page ended, none lost
-    assert stats.dead == len(transient)
+    assert stats.dead == len(dying) > 0 and dying <= retried
     assert elapsed < 60
     store = WarcStore(tmp_path / WARC_DIR)
     odd = await store.get(server.url("odd-headers", 0))

@@ -156,6 +156,7 @@ def test_a_worker_stopped_past_its_lease_drops_the_task_before_it_goes_on(
     assert backend_problems(chaos_url) == []
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 def test_a_crawl_rides_out_killed_and_stopped_workers(chaos_url: str, tmp_path: Path) -> None:
     """1,000 pages on 20 sites, 3 `crawlq crawl` processes sharing the backend, one request
     at a time per site; 5 SIGKILLs (each followed by a replacement) and one SIGSTOP past the
@@ -172,6 +173,7 @@ def test_a_crawl_rides_out_killed_and_stopped_workers(chaos_url: str, tmp_path: 
     assert result.process_failures == []
 
 
+@pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis
 def test_the_interval_holds_at_the_server_through_killed_and_stopped_workers(
     chaos_url: str, tmp_path: Path
 ) -> None:
@@ -223,7 +225,7 @@ async def test_a_claim_answered_after_its_lease_ran_out_is_not_started(
     app = crawlq.App(chaos_url)
     runs: list[int] = []
 
-    @app.task(group=None, lease=1.0)
+    @app.task(group=None, lease=2.0)  # long enough that attempt 2 never runs out on a stall
     async def job(ctx: crawlq.Context, element: str) -> None:
         runs.append(ctx.attempt)
 
@@ -237,7 +239,7 @@ async def test_a_claim_answered_after_its_lease_ran_out_is_not_started(
         result = await real_claim(*args, **kwargs)
         if result.elements and not paused:
             paused = True
-            await asyncio.sleep(1.5)  # the answer is read 1.5 s late: past the 1 s lease
+            await asyncio.sleep(2.5)  # the answer is read 2.5 s late: past the 2 s lease
         return result
 
     monkeypatch.setattr(backend, "claim", paused_claim)

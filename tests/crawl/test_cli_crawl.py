@@ -77,7 +77,7 @@ async def crawl_interrupted(tmp_path: Path, sig: signal.Signals) -> tuple[Synthe
     net = SyntheticWeb([site])
     await net.__aenter__()
     try:
-        first = await run_crawl(net, tmp_path, "--lease", "2")
+        first = await run_crawl(net, tmp_path, "--lease", "4")
         await asyncio.wait_for(gate.reached.wait(), GUARD)
         first.send_signal(sig)
         if sig is signal.SIGINT:
@@ -90,7 +90,7 @@ async def crawl_interrupted(tmp_path: Path, sig: signal.Signals) -> tuple[Synthe
         else:
             assert first.returncode == -signal.SIGKILL
         gate.after = PAGES * 10
-        second = await run_crawl(net, tmp_path, "--lease", "2")
+        second = await run_crawl(net, tmp_path, "--lease", "4")
         stderr = await finish(second)
         assert second.returncode == 0, stderr
         assert "done:" in stderr and "0 left in the queue" in stderr

@@ -169,7 +169,7 @@ async def test_errors_are_recorded_with_their_reason_and_retried_or_finished_per
             fetch = fetch_settings(
                 net,
                 resolve={**net.resolve, "refused.test": "127.0.1.250"},
-                timeouts=Timeouts(connect=2, read=0.3, total=5),
+                timeouts=Timeouts(connect=2, read=1.0, total=5),
                 max_bytes=20_000,
             )
             cases = {

@@ -198,7 +198,7 @@ async def test_timeout(net: SyntheticWeb) -> None:
     release = asyncio.Event()
     net.sites["a.test"].routes["/slow"] = hang(release)
     try:
-        async with Fetcher(fetch_settings(net, timeouts=Timeouts(read=0.3, total=5))) as fetcher:
+        async with Fetcher(fetch_settings(net, timeouts=Timeouts(read=1.0, total=5))) as fetcher:
             await fetcher.fetch(net.url("a.test", "/page/0"))  # robots.txt fetched in time
             with pytest.raises(FetchError) as caught:
                 await fetcher.fetch(net.url("a.test", "/slow"))

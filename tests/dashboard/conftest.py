@@ -28,6 +28,11 @@ TIMEOUT = 30.0
 WORKER_OPTIONS = ("--log-level", "info", "--log-format", "json", "--grace", "1")
 
 
+def settled(pages: dict[str, Any]) -> bool:
+    """Every page ended: 3 dead, the rest acknowledged (a record is written before its ack)."""
+    return bool(pages["dead"] == 3 and pages["due"] == pages["delayed"] == pages["running"] == 0)
+
+
 def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
     """Polls `check` until it returns something truthy; fails with `what` after `timeout`."""
     deadline = time.monotonic() + timeout
@@ -186,8 +191,8 @@ def board(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Board]:
         made.start_worker()
         made.start_dashboard()
         wait_for(
-            lambda: made.queue("pages")["dead"] == 3 and made.queue("held")["running"] == 2,
-            "3 dead pages and 2 held elements running",
+            lambda: settled(made.queue("pages")) and made.queue("held")["running"] == 2,
+            "3 dead pages, the 2 good ones acknowledged, and 2 held elements running",
         )
         yield made
     finally:

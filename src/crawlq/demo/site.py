@@ -13,7 +13,6 @@ proxy from the server's side. The sites also know the true totals of what they s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import random
@@ -168,7 +167,8 @@ class DemoSite:
     # until that many of its requests are in flight at once, so a run on a loaded
     # machine still shows whether the per-host limit lets that many through.
     crowd: int = 0
-    crowd_wait: float = 5.0
+    crowd_wait: float = 20.0  # under the demo fetcher's read timeout
+    crowd_timeouts: int = 0  # reports that stopped waiting for the crowd
     logins: int = 0
     _crowded: dict[str, asyncio.Event] = field(default_factory=dict)
     _sessions: set[str] = field(default_factory=set)
@@ -239,8 +239,10 @@ class DemoSite:
         if request.path == "/reports":
             return self._listing(request, host)
         if self.crowd:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._crowd(host).wait(), self.crowd_wait)
+            except TimeoutError:
+                self.crowd_timeouts += 1
         return self._report(request, host)
 
     def _crowd(self, host: str) -> asyncio.Event:

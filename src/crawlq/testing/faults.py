@@ -160,6 +160,7 @@ class Journal:
     uncertain: set[str] = field(default_factory=set)  # keys of the call cut short
     cut_short: str | None = None
     ready: bool = False
+    returned: int = 0  # calls that returned
 
 
 def read_journal(path: Path) -> Journal:
@@ -170,6 +171,7 @@ def read_journal(path: Path) -> Journal:
         if line == "ok":
             journal.ready = True
             if pending is not None:
+                journal.returned += 1
                 call, keys = pending
                 if call == "schedule":
                     journal.scheduled.update(keys)
@@ -270,9 +272,10 @@ class KillReport:
 def kill_writers(
     url: str, workdir: Path, *, kills: int, seed: int = 1, max_delay: float = 0.04
 ) -> KillReport:
-    """Starts a writer, lets it run for a random 0..`max_delay` seconds once it is ready,
-    SIGKILLs it; then checks the file (SQLite), the store and the journal. `kills` times,
-    each writer going on from what the last one left."""
+    """Starts a writer, lets it make 1..8 calls and then run for a random 0..`max_delay`
+    seconds more, SIGKILLs it; then checks the file (SQLite), the store and the journal.
+    `kills` times, each writer going on from what the last one left. (The calls first: on a
+    starved machine a writer does little within `max_delay` alone.)"""
     rng = random.Random(seed)
     pool = WriterPool()
     database = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:") else None
@@ -282,9 +285,10 @@ def kill_writers(
         journal = workdir / f"journal-{n}.txt"
         process = pool.start(url, journal, seed * 100_000 + n)
         deadline = time.monotonic() + 60
-        while not read_journal(journal).ready:
+        calls = rng.randint(1, 8)
+        while read_journal(journal).returned < calls:
             if not process.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"writer {n} did not start (exit code {process.exitcode})")
+                raise RuntimeError(f"writer {n} made no {calls} calls (exit {process.exitcode})")
             time.sleep(0.002)
         time.sleep(rng.uniform(0, max_delay))  # where in its loop the kill lands
         process.kill()
