@@ -5,6 +5,7 @@ exactly as fnmatch matches them in Python."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -122,15 +123,72 @@ async def test_a_server_that_lost_the_function_library_gets_it_again(
         await backend.close()
 
 
+@contextlib.asynccontextmanager
+async def lanes_to(url: str, **options: Any) -> AsyncIterator[tuple[Lanes, Any]]:
+    """Lanes on a client of `url`, and a plain client to watch the server with."""
+    client = redis.asyncio.Redis.from_url(url)
+    watcher: Any = redis.Redis.from_url(url.partition("?")[0])  # typed "awaitable or value"
+    lanes = Lanes(client, **options)
+    try:
+        yield lanes, watcher
+    finally:
+        await lanes.close()
+        await client.aclose()
+        watcher.close()
+
+
+async def wait_for_clients(watcher: Any, count: int) -> None:
+    """Until the server counts `count` connections (it sees a close on its next turn)."""
+    for _ in range(500):
+        if watcher.info("clients")["connected_clients"] == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} connections expected: {watcher.client_list()}")
+
+
+async def test_lanes_keep_to_max_connections_and_calls_beyond_wait(
+    redis_server: RedisServer,
+) -> None:
+    """Ten calls at once on `?max_connections=3`: three connections, the rest wait their
+    turn, none fails."""
+    async with lanes_to(f"{redis_server.url}?max_connections=3") as (lanes, watcher):
+        assert lanes.max_lanes == 3
+        calls = [asyncio.ensure_future(lanes.call(pack("BLPOP", "q", "30"))) for _ in range(10)]
+        while watcher.info("clients")["blocked_clients"] < 3:
+            await asyncio.sleep(0.01)
+        await wait_for_clients(watcher, 1 + 3)  # the watcher and three lanes
+        watcher.rpush("q", *range(10))
+        replies = await asyncio.gather(*calls)
+        assert sorted(int(value) for _, value in replies) == list(range(10))
+        assert lanes.idle == 3
+        await wait_for_clients(watcher, 1 + 3)
+    assert Lanes(redis.asyncio.Redis.from_url(redis_server.url)).max_lanes == 64
+
+
+async def test_lanes_left_idle_after_a_burst_are_closed(redis_server: RedisServer) -> None:
+    now = [1000.0]
+    async with lanes_to(redis_server.url, idle_seconds=60, clock=lambda: now[0]) as (
+        lanes,
+        watcher,
+    ):
+        await asyncio.gather(*(lanes.call(pack("ECHO", str(n))) for n in range(5)))
+        assert lanes.idle == 5
+        await wait_for_clients(watcher, 1 + 5)
+        now[0] += 59
+        assert await lanes.call(pack("ECHO", "a minute")) == b"a minute"
+        assert lanes.idle == 5  # none idle for a minute yet
+        now[0] += 2  # the four the last call did not take have been idle 61 s
+        assert await lanes.call(pack("ECHO", "later")) == b"later"
+        assert lanes.idle == 1
+        await wait_for_clients(watcher, 1 + 1)
+
+
 async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
     redis_server: RedisServer,
 ) -> None:
     """A call cancelled while its reply is due drops its connection: had the connection gone
     back to the lanes, the next call would read the late reply as its own."""
-    client = redis.asyncio.Redis.from_url(redis_server.url)
-    watcher: Any = redis.Redis.from_url(redis_server.url)  # typed "awaitable or value"
-    lanes = Lanes(client)
-    try:
+    async with lanes_to(redis_server.url) as (lanes, watcher):
         waiting = asyncio.ensure_future(lanes.call(pack("BLPOP", "lanes-test", "5")))
         while watcher.info("clients")["blocked_clients"] < 1:
             await asyncio.sleep(0.01)
@@ -143,10 +201,6 @@ async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
         with pytest.raises(redis.ResponseError):
             await lanes.call(pack("INCRBY", "n", "two"))
         assert await lanes.call(pack("GET", "n")) == b"2"  # an error reply keeps the lane
-    finally:
-        await lanes.close()
-        await client.aclose()
-        watcher.close()
 
 
 async def test_a_waiting_row_goes_when_its_last_element_moves_away(

@@ -9,11 +9,18 @@ reply. Anything else (a broken connection, a timeout, a cancelled call) disconne
 no lane ever holds a half-read reply, which is what the pool's check guards against.
 
 The connections are made by the pool's own factory: the same URL, login, TLS, timeouts,
-health checks (a PING after 30 idle seconds) and retries of the connection handshake.
+health checks (a PING after 30 idle seconds) and retries of the connection handshake. At most
+`max_connections` of them (the URL's, else 64) are open: more calls at once wait for a lane,
+so a worker of a thousand tasks that all schedule at once never opens a thousand connections.
+Idle lanes are taken newest first, so after a burst the oldest sit unused: each is closed
+once it has been idle for a minute.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -35,17 +42,42 @@ def pack(*args: bytes | str | int | float) -> bytes:
     return b"".join(out)
 
 
+#: Lanes when the URL sets no max_connections (redis-py's pool then has no limit at all).
+DEFAULT_MAX_LANES = 64
+UNLIMITED = 2**31  # redis-py's max_connections when none is given
+IDLE_SECONDS = 60.0
+
+
 class Lanes:
-    def __init__(self, client: Redis) -> None:
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        idle_seconds: float = IDLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self._pool: Any = client.connection_pool  # make_connection is untyped
-        self._idle: list[AbstractConnection] = []
+        limit = self._pool.max_connections
+        self.max_lanes: int = DEFAULT_MAX_LANES if limit >= UNLIMITED else limit
+        self._free = asyncio.Semaphore(self.max_lanes)
+        self._idle: list[tuple[AbstractConnection, float]] = []  # and since when, oldest first
+        self._idle_seconds = idle_seconds
+        self._clock = clock
         self._closed = False
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
 
     async def call(self, command: bytes) -> Any:
         """The reply of one packed command; a Redis error reply is raised as ResponseError."""
+        async with self._free:
+            return await self._call(command)
+
+    async def _call(self, command: bytes) -> Any:
         connection: AbstractConnection
-        connection = self._idle.pop() if self._idle else self._pool.make_connection()
+        connection = self._idle.pop()[0] if self._idle else self._pool.make_connection()
         try:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
@@ -66,8 +98,12 @@ class Lanes:
     async def _give_back(self, connection: AbstractConnection) -> None:
         if self._closed:  # a call that was under way when the lanes closed
             await connection.disconnect(nowait=True)
-        else:
-            self._idle.append(connection)
+            return
+        now = self._clock()
+        self._idle.append((connection, now))
+        while self._idle[0][1] < now - self._idle_seconds:
+            stale, _ = self._idle.pop(0)
+            await stale.disconnect(nowait=True)
 
     async def close(self) -> None:
         """Disconnects the idle connections, and each busy one as its call ends."""
@@ -76,5 +112,5 @@ class Lanes:
 
     async def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
-        for connection in idle:
+        for connection, _ in idle:
             await connection.disconnect(nowait=True)
