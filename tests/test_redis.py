@@ -125,8 +125,9 @@ async def test_a_server_that_lost_the_function_library_gets_it_again(
 
 @contextlib.asynccontextmanager
 async def lanes_to(url: str, **options: Any) -> AsyncIterator[tuple[Lanes, Any]]:
-    """Lanes on a client of `url`, and a plain client to watch the server with."""
-    client = redis.asyncio.Redis.from_url(url)
+    """Lanes on a client of `url` (its connections named LANES), and a plain client to watch
+    the server with."""
+    client = redis.asyncio.Redis.from_url(url, client_name=LANES)
     watcher: Any = redis.Redis.from_url(url.partition("?")[0])  # typed "awaitable or value"
     lanes = Lanes(client, **options)
     try:
@@ -137,13 +138,32 @@ async def lanes_to(url: str, **options: Any) -> AsyncIterator[tuple[Lanes, Any]]
         watcher.close()
 
 
-async def wait_for_clients(watcher: Any, count: int) -> None:
-    """Until the server counts `count` connections (it sees a close on its next turn)."""
-    for _ in range(500):
-        if watcher.info("clients")["connected_clients"] == count:
+LANES = "lanes-test"
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(1000):
+        if check():
             return
         await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} connections expected: {watcher.client_list()}")
+    raise AssertionError(f"waited 10 s for {what}")
+
+
+async def wait_for_lanes(watcher: Any, count: int) -> None:
+    """Until the server counts `count` lane connections (it sees a close on its next turn);
+    the server is shared with other tests, so only the lanes' own are counted."""
+
+    await until(lambda: len(lanes_of(watcher)) == count, f"{count} lanes open")
+
+
+def lanes_of(watcher: Any, command: str | None = None) -> list[dict[str, Any]]:
+    """The lane connections, those whose last command was `command` if given."""
+    found = [c for c in watcher.client_list() if c["name"] == LANES]
+    return [c for c in found if command is None or c["cmd"] == command]
+
+
+def blocked_lanes(watcher: Any) -> int:
+    return len(lanes_of(watcher, "blpop"))
 
 
 async def test_lanes_keep_to_max_connections_and_calls_beyond_wait(
@@ -154,15 +174,29 @@ async def test_lanes_keep_to_max_connections_and_calls_beyond_wait(
     async with lanes_to(f"{redis_server.url}?max_connections=3") as (lanes, watcher):
         assert lanes.max_lanes == 3
         calls = [asyncio.ensure_future(lanes.call(pack("BLPOP", "q", "30"))) for _ in range(10)]
-        while watcher.info("clients")["blocked_clients"] < 3:
-            await asyncio.sleep(0.01)
-        await wait_for_clients(watcher, 1 + 3)  # the watcher and three lanes
+        await until(lambda: blocked_lanes(watcher) == 3, "3 blocked calls")
+        await wait_for_lanes(watcher, 3)
         watcher.rpush("q", *range(10))
         replies = await asyncio.gather(*calls)
         assert sorted(int(value) for _, value in replies) == list(range(10))
         assert lanes.idle == 3
-        await wait_for_clients(watcher, 1 + 3)
+        await wait_for_lanes(watcher, 3)
     assert Lanes(redis.asyncio.Redis.from_url(redis_server.url)).max_lanes == 64
+
+
+async def test_a_call_waiting_for_a_lane_when_the_lanes_close_says_so(
+    redis_server: RedisServer,
+) -> None:
+    async with lanes_to(f"{redis_server.url}?max_connections=1") as (lanes, watcher):
+        holding = asyncio.ensure_future(lanes.call(pack("BLPOP", "held", "30")))
+        await until(lambda: blocked_lanes(watcher) == 1, "the lane to be taken")
+        waiting = asyncio.ensure_future(lanes.call(pack("ECHO", "too late")))
+        await lanes.close()
+        watcher.rpush("held", "x")
+        assert await holding == [b"held", b"x"]
+        with pytest.raises(BackendError, match="closed"):
+            await waiting
+        await wait_for_lanes(watcher, 0)  # the lane that held went when its call ended
 
 
 async def test_lanes_left_idle_after_a_burst_are_closed(redis_server: RedisServer) -> None:
@@ -173,14 +207,14 @@ async def test_lanes_left_idle_after_a_burst_are_closed(redis_server: RedisServe
     ):
         await asyncio.gather(*(lanes.call(pack("ECHO", str(n))) for n in range(5)))
         assert lanes.idle == 5
-        await wait_for_clients(watcher, 1 + 5)
+        await wait_for_lanes(watcher, 5)
         now[0] += 59
         assert await lanes.call(pack("ECHO", "a minute")) == b"a minute"
         assert lanes.idle == 5  # none idle for a minute yet
         now[0] += 2  # the four the last call did not take have been idle 61 s
         assert await lanes.call(pack("ECHO", "later")) == b"later"
         assert lanes.idle == 1
-        await wait_for_clients(watcher, 1 + 1)
+        await wait_for_lanes(watcher, 1)
 
 
 async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
@@ -190,8 +224,7 @@ async def test_a_cancelled_call_never_leaves_its_reply_to_the_next(
     back to the lanes, the next call would read the late reply as its own."""
     async with lanes_to(redis_server.url) as (lanes, watcher):
         waiting = asyncio.ensure_future(lanes.call(pack("BLPOP", "lanes-test", "5")))
-        while watcher.info("clients")["blocked_clients"] < 1:
-            await asyncio.sleep(0.01)
+        await until(lambda: blocked_lanes(watcher) == 1, "the call to block")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -173,6 +173,7 @@ def test_four_processes_never_exceed_a_groups_concurrency(env: Env) -> None:
     events = env.events()
     starts = [e for e in events if e["event"] == "start"]
     assert sorted(e["element"] for e in starts if e["element"] in elements) == sorted(elements)
+    assert not [e for e in events if e["event"] == "crowd-timeout"]
     assert peak_overlap(events) == 2  # one slot a process: two processes at once, never three
     assert len({e["pid"] for e in starts}) >= 2
 
@@ -311,6 +312,7 @@ def test_separate_workers_share_a_groups_limits(env: Env) -> None:
     events = env.events()
     starts = [e for e in events if e["event"] == "start"]
     assert sorted(e["element"] for e in starts if e["element"] in elements) == sorted(elements)
+    assert not [e for e in events if e["event"] == "crowd-timeout"]
     assert peak_overlap(events) == 2
     claims = sorted(e["claimed_at"] for e in starts)
     assert min(b - a for a, b in itertools.pairwise(claims)) >= 0.02 - 1e-9

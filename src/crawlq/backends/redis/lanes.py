@@ -12,8 +12,10 @@ The connections are made by the pool's own factory: the same URL, login, TLS, ti
 health checks (a PING after 30 idle seconds) and retries of the connection handshake. At most
 `max_connections` of them (the URL's, else 64) are open: more calls at once wait for a lane,
 so a worker of a thousand tasks that all schedule at once never opens a thousand connections.
-Idle lanes are taken newest first, so after a burst the oldest sit unused: each is closed
-once it has been idle for a minute.
+Idle lanes are taken newest first, so after a burst the oldest sit unused: the next call
+closes those idle for over a minute (a worker calls every few seconds). A lane's reply that
+never comes (a connection dropped without a word) frees the lane after `socket_timeout`,
+60 s unless the URL sets one: a few such calls must not stop every other.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+
+from ...errors import BackendError
 
 
 def pack(*args: bytes | str | int | float) -> bytes:
@@ -46,6 +50,9 @@ def pack(*args: bytes | str | int | float) -> bytes:
 DEFAULT_MAX_LANES = 64
 UNLIMITED = 2**31  # redis-py's max_connections when none is given
 IDLE_SECONDS = 60.0
+#: A lane's read timeout when the URL sets no socket_timeout (an operation takes milliseconds,
+#: a bulk one of 10,000 elements well under a second).
+REPLY_SECONDS = 60.0
 
 
 class Lanes:
@@ -76,8 +83,15 @@ class Lanes:
             return await self._call(command)
 
     async def _call(self, command: bytes) -> Any:
+        if self._closed:  # it waited for a lane while the backend closed
+            raise BackendError("the Redis backend was closed")
         connection: AbstractConnection
-        connection = self._idle.pop()[0] if self._idle else self._pool.make_connection()
+        if self._idle:
+            connection = self._idle.pop()[0]
+        else:
+            connection = self._pool.make_connection()
+            if connection.socket_timeout is None:
+                connection.socket_timeout = REPLY_SECONDS
         try:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
