@@ -7,6 +7,7 @@ lua/common.lua and docs/redis.md.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -93,6 +94,23 @@ def _digests(key: str) -> tuple[bytes, str, str]:
     return records.field_of(digest), str(digest), str(digest % SEEN_BUCKETS)
 
 
+#: A server that vanished without a word (no RST: a cut network, a dead machine) is given up
+#: on within about a minute, freeing the connection and its caller, where the kernel's
+#: defaults wait two hours when idle and some fifteen minutes with a request unanswered. A
+#: timeout on every reply would do as much but costs a timer per call (~17% of a one-element
+#: schedule's rate here).
+_KEEPALIVE: dict[int, int] = {
+    option: value
+    for name, value in (
+        ("TCP_KEEPIDLE", 30),
+        ("TCP_KEEPINTVL", 10),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", 60_000),  # ms an unacknowledged request may wait
+    )
+    if (option := getattr(socket, name, None)) is not None
+}
+
+
 class RedisBackend:
     def __init__(
         self, url: str, *, clock: Callable[[], float] | None = None, create: bool = True
@@ -127,6 +145,7 @@ class RedisBackend:
         options: dict[str, Any] = {
             "socket_connect_timeout": 5.0,
             "socket_keepalive": True,
+            "socket_keepalive_options": _KEEPALIVE,
             "health_check_interval": 30,
             # A restarting server is waited for (about 15 s), then the error surfaces. OSError
             # too: a refused connection (the server not listening yet) is not redis-py's

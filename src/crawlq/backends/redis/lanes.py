@@ -13,9 +13,9 @@ health checks (a PING after 30 idle seconds) and retries of the connection hands
 `max_connections` of them (the URL's, else 64) are open: more calls at once wait for a lane,
 so a worker of a thousand tasks that all schedule at once never opens a thousand connections.
 Idle lanes are taken newest first, so after a burst the oldest sit unused: the next call
-closes those idle for over a minute (a worker calls every few seconds). A lane's reply that
-never comes (a connection dropped without a word) frees the lane after `socket_timeout`,
-60 s unless the URL sets one: a few such calls must not stop every other.
+closes those idle for over a minute (a worker calls every few seconds). A lane whose server
+vanished without a word is freed by TCP keepalive (see the backend's `_KEEPALIVE`): a few
+such calls must not hold every lane.
 """
 
 from __future__ import annotations
@@ -50,9 +50,6 @@ def pack(*args: bytes | str | int | float) -> bytes:
 DEFAULT_MAX_LANES = 64
 UNLIMITED = 2**31  # redis-py's max_connections when none is given
 IDLE_SECONDS = 60.0
-#: A lane's read timeout when the URL sets no socket_timeout (an operation takes milliseconds,
-#: a bulk one of 10,000 elements well under a second).
-REPLY_SECONDS = 60.0
 
 
 class Lanes:
@@ -86,12 +83,7 @@ class Lanes:
         if self._closed:  # it waited for a lane while the backend closed
             raise BackendError("the Redis backend was closed")
         connection: AbstractConnection
-        if self._idle:
-            connection = self._idle.pop()[0]
-        else:
-            connection = self._pool.make_connection()
-            if connection.socket_timeout is None:
-                connection.socket_timeout = REPLY_SECONDS
+        connection = self._idle.pop()[0] if self._idle else self._pool.make_connection()
         try:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
