@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from crawlq.backends import open_backend
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import JSON, GroupStats, QueueStats
 
+from .apps.record import peak_overlap, read_events
 from .conftest import BACKENDS, backend_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,11 +38,7 @@ class Env:
     vars: dict[str, str]
 
     def events(self) -> list[dict[str, Any]]:
-        if not self.record.exists():
-            return []
-        text = self.record.read_text()
-        # a worker may be appending a line as this reads: only whole lines count
-        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+        return read_events(self.record)
 
     def worker(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -118,16 +114,6 @@ def polite_groups(url: str) -> list[GroupStats]:
             await backend.close()
 
     return asyncio.run(read())
-
-
-def peak_overlap(events: list[dict[str, Any]]) -> int:
-    """Most elements running at once, from their observed start and end times."""
-    edges = sorted(
-        [(e["t"], 1) for e in events if e["event"] == "start"]
-        + [(e["t"], -1) for e in events if e["event"] == "end"],
-        key=lambda edge: (edge[0], edge[1]),
-    )
-    return max(itertools.accumulate(delta for _, delta in edges))
 
 
 def live_workers(url: str) -> int:

@@ -10,9 +10,12 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import crawlq
+
+from .record import peak_overlap, read_events
 
 app = crawlq.App(os.environ["CRAWLQ_BACKEND"])
 LEASE = float(os.environ.get("TEST_LEASE", "60"))
@@ -23,7 +26,8 @@ app.limit(
     concurrency=int(_concurrency) if _concurrency else None,
     interval=_interval,
 )
-_record = os.open(os.environ["CRAWLQ_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+_record_path = Path(os.environ["CRAWLQ_RECORD"])
+_record = os.open(_record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
 
 def record(event: str, ctx: crawlq.Context, element: Any) -> None:
@@ -42,20 +46,6 @@ _crowd = int(os.environ.get("TEST_CROWD", "0"))
 _crowd_met = False
 
 
-def _peak_hits() -> int:
-    """The most hits in flight at once so far, across every process, from the record (its
-    whole lines: another process may be halfway through writing one)."""
-    with open(os.environ["CRAWLQ_RECORD"]) as file:
-        text = file.read()
-    running = peak = 0
-    for line in text[: text.rfind("\n") + 1].splitlines():
-        event = json.loads(line)["event"]
-        running += event == "start"
-        running -= event == "end"
-        peak = max(peak, running)
-    return peak
-
-
 async def _wait_for_crowd(ctx: crawlq.Context, url: str) -> None:
     """With TEST_CROWD=N, a hit waits until N hits were in flight at once, so a test on a
     loaded machine still sees whether the group's limit lets N through. After 30 s it gives
@@ -63,7 +53,7 @@ async def _wait_for_crowd(ctx: crawlq.Context, url: str) -> None:
     global _crowd_met
     deadline = time.monotonic() + 30
     while not _crowd_met:
-        if _peak_hits() >= _crowd:
+        if peak_overlap(read_events(_record_path)) >= _crowd:
             _crowd_met = True
         elif time.monotonic() > deadline:
             _crowd_met = True
