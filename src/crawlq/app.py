@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
 
@@ -88,7 +88,8 @@ class App:
         self.tasks: dict[str, Task[Any]] = {}
         self.limit_rules: dict[str, LimitRule] = {}
         self._backends: dict[asyncio.AbstractEventLoop, Backend] = {}
-        self._ready: set[Backend] = set()
+        self._ready: dict[Backend, int] = {}  # the backends published to, at which epoch
+        self._publishers: list[Callable[[Backend], Awaitable[object]]] = []
         self._portal = Portal()
         self._providers: dict[str, Callable[[], Any]] = {}
         self._shared: dict[asyncio.AbstractEventLoop, dict[str, Any]] = {}
@@ -192,16 +193,29 @@ class App:
             backend = open_backend(self.url, clock=self.clock)
             await backend.open()
             self._backends[loop] = backend
-        if backend not in self._ready:
-            await self.publish(backend)
+        await self.published(backend)
         return backend
 
+    def also_publish(self, publisher: Callable[[Backend], Awaitable[object]]) -> None:
+        """Has `publisher(backend)` store more that must be in the backend (a crawl's seeds)
+        each time the app's queues and limits are stored."""
+        self._publishers.append(publisher)
+
+    async def published(self, backend: Backend) -> None:
+        """Stores the app's queues and limit rules in `backend` unless they are there: once,
+        and again in each new epoch (a Redis back from a crash may have lost them)."""
+        if self._ready.get(backend) != backend.epoch:
+            await self.publish(backend)
+
     async def publish(self, backend: Backend) -> None:
-        """Stores the app's queues and limit rules in `backend`."""
+        """Stores the app's queues and limit rules in `backend`, then runs the publishers."""
+        epoch = backend.epoch
         await backend.ensure_queues([task.queue_config for task in self.tasks.values()])
         if self.limit_rules:
             await backend.set_limits(list(self.limit_rules.values()))
-        self._ready.add(backend)
+        for publisher in self._publishers:
+            await publisher(backend)
+        self._ready[backend] = epoch
 
     # -- resources shared by the tasks of a worker ---------------------------------------
 
@@ -234,7 +248,7 @@ class App:
         loop = asyncio.get_running_loop()
         backend = self._backends.pop(loop, None)
         if backend is not None:
-            self._ready.discard(backend)
+            self._ready.pop(backend, None)
             await backend.close()
 
     def close(self) -> None:

@@ -5,11 +5,15 @@ everysec). Full-size figures: `python -m benchmarks.chaos_bench`."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from crawlq.app import App
 from crawlq.backends import open_backend
+from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.testing.chaos import ChaosPlan, SyntheticWebThread, chaos_sites, run_worker_chaos
 from crawlq.testing.faults import (
     QUEUE,
@@ -23,6 +27,9 @@ from crawlq.testing.faults import (
     small_disk,
 )
 from crawlq.testing.redis_server import RedisServer
+from crawlq.worker import Worker
+
+from ..crawl.conftest import crawl_settings
 
 
 def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path) -> None:
@@ -82,6 +89,7 @@ async def test_a_redis_call_waits_for_a_restarting_server() -> None:
         claimed = await backend.claim([QUEUE.name], worker="w", limit=10, lease=60)
         await restarted
         assert len(claimed.elements) == 5
+        assert backend.epoch == 1  # it saw a new run of the server
     finally:
         await backend.close()
         server.remove()
@@ -160,11 +168,75 @@ async def test_a_redis_call_outlasts_connections_dropped_in_their_handshake() ->
             await backend.schedule(disk_schedules(backend, "after", 5))
             assert front.dropped == 3
             assert (await backend.queue_stats([QUEUE.name]))[0].total == 5
+            assert backend.epoch == 0  # the same run of the server all along: nothing lost
         finally:
             await backend.close()
     finally:
         await front.close()
         server.remove()
+
+
+async def test_a_crawl_fetches_again_what_a_restarted_redis_lost(tmp_path: Path) -> None:
+    """A crashed redis-server with `appendfsync everysec` may come back without its last
+    confirmed writes. Here it loses all the crawl wrote (queue, limits, seed, links, acks)
+    once the crawl is done. The crawl stores its queue, limits and seed again, and forgets
+    the links it remembered queueing, so the seed and every page it leads to are fetched
+    again. (A CI run lost two pages when that memory outlived the links.)"""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    url = server.start()
+    try:
+        creator = open_backend(url)
+        await creator.open()  # the namespace exists; nothing of the crawl's is stored yet
+        await creator.close()
+        fresh = server.snapshot()
+        async with SyntheticWeb([Site(name="a.test", pages=7)]) as net:
+            crawl = Crawl(crawl_settings(net, tmp_path), backend=url)
+            await crawl.seed([net.url("a.test")])
+            first = await Worker(crawl.app, burst=True, concurrency=4).run()
+            server.crash_back_to(fresh)
+            second = await Worker(crawl.app, burst=True, concurrency=4).run()
+            epoch = (await crawl.app.backend()).epoch
+            stats = (await (await crawl.app.backend()).queue_stats())[0]
+            await crawl.aclose()
+    finally:
+        server.remove()
+    assert epoch == 1
+    assert (first.done, second.done) == (7, 7)
+    assert (stats.total, stats.dead) == (0, 0)
+    hits = Counter(net.url(hit.host, hit.path) for hit in net.hits if hit.path != "/robots.txt")
+    assert hits == dict.fromkeys(net.page_urls("a.test"), 2)
+
+
+async def test_an_app_stores_its_queues_and_limits_again_in_a_redis_that_lost_them() -> None:
+    """A restarted Redis that lost the app's queue and limit rules (stored when it first
+    connected) gets them again: with the default limit in their place, a crawl would be
+    polite by the wrong rule on every machine."""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    url = server.start()
+    app = App(url)
+    app.limit("*.test", concurrency=1, interval=0.5)
+    app.task(queue="pages")(noop)
+    try:
+        creator = open_backend(url)
+        await creator.open()  # the namespace exists; nothing of the app's is stored yet
+        await creator.close()
+        fresh = server.snapshot()
+        backend = await app.backend()
+        server.crash_back_to(fresh)
+        lost = await backend.limits()  # this call finds the server restarted
+        assert backend.epoch == 1
+        assert await app.backend() is backend
+        rules, queues = await backend.limits(), await backend.queues()
+    finally:
+        await app.aclose()
+        server.remove()
+    assert "*.test" not in {rule.pattern for rule in lost}
+    assert "*.test" in {rule.pattern for rule in rules}
+    assert [queue.name for queue in queues] == ["pages"]
+
+
+async def noop() -> None:
+    return None
 
 
 @pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis

@@ -29,6 +29,12 @@ from ..wakeup import Listener
 class Backend(Protocol):
     url: str
 
+    @property
+    def epoch(self) -> int:
+        """Changes when the backend finds that writes it confirmed may be gone: Redis came
+        back from a crash (see `backends/redis/restarts.py`). What a process remembers of
+        its own writes holds only within one epoch."""
+
     def now(self) -> float:
         """The backend's clock, in seconds since the epoch."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..app import App
+from ..backends import Backend
 from ..context import FETCHER, POLITENESS, Context
 from ..retry import Retry
 from ..tasks import Task
@@ -106,10 +107,8 @@ class Crawl:
         self.out.mkdir(parents=True, exist_ok=True)
         self.logins = dict(logins or {})
         self.stats = CrawlStats()
-        # Links this process has scheduled: the queue holds each (to do, done or dead), so
-        # scheduling it "only if new" again would change nothing. Skipping them saves the
-        # scope check, the budget and the backend's work for the links most pages repeat.
-        self._known: set[str] = set()
+        self._known = KnownLinks()
+        self._seeds: list[JSON] = []  # scheduled again if the backend may have lost them
         self.budget = PageBudget(self.out, settings.max_pages)
         self.app = App(backend or f"sqlite:///{self.out / 'queue.db'}")
         self.app.limit("*", concurrency=settings.concurrency_per_domain, interval=settings.delay)
@@ -120,6 +119,7 @@ class Crawl:
             retry=settings.retry,
             lease=settings.lease,
         )(self.visit)
+        self.app.also_publish(self._seed_again)
         self.app.provide(FETCHER, self._fetcher)
         self.app.provide(
             STORE, lambda: WarcStore(self.out / WARC_DIR, max_file_bytes=settings.max_file_bytes)
@@ -146,7 +146,14 @@ class Crawl:
         granted = await self.budget.reserve(len(elements))
         result = await self.app.aschedule_many(self.task, elements[:granted], only_if_new=True)
         await self.budget.refund(granted - result.added)
+        self._seeds.extend(elements[:granted])
         return result.added
+
+    async def _seed_again(self, backend: Backend) -> None:
+        """A Redis back from a crash may have lost the seeds with all that followed (a crash
+        in the first seconds of a crawl): they are scheduled again, only if new."""
+        if self._seeds:
+            await self.app.aschedule_many(self.task, self._seeds, only_if_new=True, backend=backend)
 
     async def run(
         self,
@@ -254,7 +261,7 @@ class Crawl:
         )
 
     async def _follow(self, ctx: Context, links: list[str], depth: int, exclude: set[str]) -> int:
-        scope, known = self.settings.scope, self._known
+        scope, known = self.settings.scope, self._known.of(ctx.backend)
         wanted = [
             link
             for link in links
@@ -266,10 +273,39 @@ class Crawl:
         elements: list[JSON] = [{"url": link, "depth": depth} for link in wanted[:granted]]
         result = await ctx.schedule_many(self.task, elements, only_if_new=True)
         await self.budget.refund(granted - result.added)
-        if len(known) + granted > MAX_KNOWN_LINKS:
-            known.clear()
-        known.update(wanted[:granted])
+        self._known.add(ctx.backend, known, wanted[:granted])
         return result.added
+
+
+class KnownLinks:
+    """Links this process has scheduled: the queue holds each (to do, done or dead), so
+    scheduling it "only if new" again would change nothing. Skipping them saves the scope
+    check, the budget and the backend's work for the links most pages repeat.
+
+    Only while the backend is in the same epoch: a Redis back from a crash may have lost the
+    last of them, and its queue has the page that found them to do again, whose links must
+    then be scheduled anew."""
+
+    def __init__(self, limit: int = MAX_KNOWN_LINKS) -> None:
+        self.limit = limit
+        self._links: set[str] = set()
+        self._basis: tuple[Backend, int] | None = None
+
+    def of(self, backend: Backend) -> set[str]:
+        """The links known in the backend's present epoch (a new set when it changed)."""
+        basis = (backend, backend.epoch)
+        if basis != self._basis:
+            self._links, self._basis = set(), basis
+        return self._links
+
+    def add(self, backend: Backend, known: set[str], links: list[str]) -> None:
+        """Remembers `links`, scheduled while `known` was the known set; not if the epoch
+        changed meanwhile: the schedule may be among what was lost."""
+        if self.of(backend) is not known:
+            return
+        if len(known) + len(links) > self.limit:
+            known.clear()
+        known.update(links)
 
 
 async def _store_all(store: ContentStore, responses: Iterable[Response]) -> RecordRef | None:

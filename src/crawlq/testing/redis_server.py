@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+#: Where redis-server 7 keeps its append-only files (its `appenddirname` default).
+AOF_DIR = "appendonlydir"
 INSTALL_HINT = "run `bash scripts/install-redis.sh` (installs Debian's redis-server)"
 
 
@@ -149,6 +151,21 @@ class RedisServer:
 
     def restart(self, *, kill: bool = False) -> None:
         self.stop(kill=kill)
+        self.start()
+
+    def snapshot(self) -> Path:
+        """A copy of the append-only files as they are now: with `appendfsync always`, every
+        write confirmed so far."""
+        copy = Path(tempfile.mkdtemp(prefix="aof-", dir=self.workdir))
+        shutil.copytree(self.workdir / AOF_DIR, copy / AOF_DIR)
+        return copy
+
+    def crash_back_to(self, snapshot: Path) -> None:
+        """SIGKILLs the server and starts it again on `snapshot`'s files: a crash that lost
+        every write confirmed since, as `appendfsync everysec` can lose its last ones."""
+        self.stop(kill=True)
+        shutil.rmtree(self.workdir / AOF_DIR)
+        shutil.copytree(snapshot / AOF_DIR, self.workdir / AOF_DIR)
         self.start()
 
     def remove(self) -> None:

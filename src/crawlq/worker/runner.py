@@ -171,6 +171,7 @@ class Worker:
             want = min(free, CLAIM_BATCH)
             flushes = self._flushes
             try:
+                await self.app.published(backend)  # a restarted Redis may have lost the limits
                 asked = time.perf_counter()
                 sent = asyncio.get_running_loop().time()
                 result = await backend.claim(

@@ -49,6 +49,7 @@ from .check import check
 from .globs import lua_pattern
 from .lanes import Lanes
 from .listener import RedisListener
+from .restarts import RestartWatch
 
 DEFAULT_NAMESPACE = "crawlq"
 #: The "seen" digests are spread over this many sets, so each stays a compact intset.
@@ -127,6 +128,7 @@ class RedisBackend:
         self._create = create
         self._client: Redis | None = None
         self._lanes: Lanes | None = None
+        self._restarts = RestartWatch()
 
     async def __aenter__(self) -> RedisBackend:
         await self.open()
@@ -156,6 +158,7 @@ class RedisBackend:
                 supported_errors=retried,
             ),
             "retry_on_error": [ConnectionError, TimeoutError],
+            "redis_connect_func": self._restarts.on_connect,
         }
         try:
             client = Redis.from_url(self._url, **options)
@@ -219,6 +222,10 @@ class RedisBackend:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    @property
+    def epoch(self) -> int:
+        return self._restarts.epoch
 
     @property
     def client(self) -> Redis:

@@ -54,6 +54,10 @@ def path_from_url(url: str) -> str:
 
 
 class SQLiteBackend:
+    # An embedded file: what could undo a commit (a power loss) also ends every process
+    # that remembers it.
+    epoch = 0
+
     def __init__(
         self, url: str = DEFAULT_URL, *, clock: Callable[[], float] = time.time, create: bool = True
     ) -> None:

@@ -1,0 +1,44 @@
+"""Noticing that redis-server restarted, so a process can forget what it remembers writing.
+
+With `appendfsync everysec` a crashed server comes back without up to a second or two of
+writes it had already confirmed (while an fsync runs, Redis replies but holds the write back).
+The queue it comes back with is consistent, an earlier state of itself, but a process that
+remembers its own writes (the crawler's "links already queued") would trust writes that are
+gone. Every connection, on connecting, reads the server's `run_id`, which each start of
+redis-server draws anew (a replica promoted by a failover has its own too): a new one after the
+first bumps `epoch`, and such memory is only good within one epoch. A connection that broke
+and came back to the same run (a network blip) leaves the epoch alone.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio.connection import AbstractConnection
+
+from ...errors import BackendError
+
+
+class RestartWatch:
+    def __init__(self) -> None:
+        self.run_id: bytes | None = None
+        self.epoch = 0
+
+    async def on_connect(self, connection: AbstractConnection) -> None:
+        """redis-py's `redis_connect_func`: its own handshake, then the server's run."""
+        await connection.on_connect()
+        await connection.send_command("INFO", "server", check_health=False)
+        self.seen(run_id(await connection.read_response()))
+
+    def seen(self, run: bytes) -> None:
+        if self.run_id is not None and run != self.run_id:
+            self.epoch += 1
+        self.run_id = run
+
+
+def run_id(info: object) -> bytes:
+    """The `run_id` of an `INFO server` reply (bytes, or str when decoding is on)."""
+    raw = info.encode() if isinstance(info, str) else info
+    if isinstance(raw, bytes):
+        for line in raw.splitlines():
+            if line.startswith(b"run_id:"):
+                return line[len(b"run_id:") :].strip()
+    raise BackendError(f"the server's INFO has no run_id: {info!r:.200}")
