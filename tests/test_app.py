@@ -107,6 +107,39 @@ async def test_a_task_that_recovers_is_done(app: App) -> None:
     assert (stats.done, stats.failed, queue.total, queue.dead) == (1, 1, 0, 0)
 
 
+async def test_a_crawlq_error_around_a_task_fails_the_attempt_instead_of_stranding_it(
+    app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Outside the task's own try (its log fields here), a crawlq bug once left the element
+    leased: back after every lease, failing the same way, never dead. Now it is an attempt
+    that failed, retried per the policy, with the error logged."""
+    fields = crawlq.observe.logs.task_fields
+    calls: list[int] = []
+
+    def broken_once(**options: Any) -> Any:
+        calls.append(options["attempt"])
+        if len(calls) == 1:
+            raise RuntimeError("log fields broke")
+        return fields(**options)
+
+    monkeypatch.setattr("crawlq.worker.runner.task_fields", broken_once)
+    runs: list[int] = []
+
+    @app.task(group=None, retry=FAST_RETRY, lease=600)
+    async def page(ctx: Context, n: int) -> None:
+        runs.append(ctx.attempt)
+
+    await app.aschedule(page, 1)
+    stats = await run_burst(app)
+    (queue,) = await (await app.backend()).queue_stats(["page"])
+    await app.aclose()
+    assert calls == [1, 2]
+    assert runs == [2]
+    assert (stats.failed, stats.done, queue.total, queue.dead) == (1, 1, 0, 0)
+    assert "crawlq failed around page" in caplog.text
+    assert "RuntimeError: log fields broke" in caplog.text
+
+
 async def test_task_timeout_counts_as_a_failure(app: App) -> None:
     @app.task(group=None, timeout=0.05, max_attempts=1)
     async def slow(ctx: Context, n: int) -> None:

@@ -277,18 +277,44 @@ class Worker:
         )
 
     async def _run_one(self, backend: Backend, claimed: Claimed) -> None:
-        fields = task_fields(
-            queue=claimed.queue,
-            key=claimed.key,
-            attempt=claimed.attempt,
-            group=claimed.group,
-            worker=self.id,
-        )
         began = time.perf_counter()
-        with task_scope(fields):
-            outcome = await self._run_scoped(backend, claimed)
+        ran = False
+        try:
+            fields = task_fields(
+                queue=claimed.queue,
+                key=claimed.key,
+                attempt=claimed.attempt,
+                group=claimed.group,
+                worker=self.id,
+            )
+            with task_scope(fields):
+                outcome = await self._run_scoped(backend, claimed)
+                ran = True
+        except Exception as exc:
+            if ran:
+                raise
+            # crawlq's own code around the task failed (the task's errors are caught inside):
+            # left leased, the element would come back after its lease on every worker and
+            # fail the same way, never reaching its attempt limit.
+            log.exception(
+                "worker %s: crawlq failed around %s %s", self.id, claimed.queue, claimed.key[:200]
+            )
+            self._fail(
+                claimed,
+                f"crawlq error: {type(exc).__name__}: {exc}",
+                traceback.format_exc(),
+                self._retry_at(backend, claimed),
+            )
+            return
         if outcome is not None:
             self._metrics.finished(claimed.queue, outcome, time.perf_counter() - began)
+
+    def _retry_at(self, backend: Backend, claimed: Claimed) -> float | None:
+        """When the element runs again after this attempt failed: None if never (dead)."""
+        policy = self.tasks[claimed.queue].options.retry
+        if policy.exhausted(claimed.attempt):
+            return None
+        return backend.now() + policy.delay(claimed.attempt)
 
     async def _run_scoped(self, backend: Backend, claimed: Claimed) -> str | None:
         """Runs one element; its outcome (done, retry, dead), or None if it did not run."""
@@ -320,9 +346,7 @@ class Worker:
             error = f"{type(exc).__name__}: {exc}"
             if deadline.expired():
                 error = f"timed out after {task.options.timeout}s"
-            retry_at = None
-            if not isinstance(exc, Permanent) and not policy.exhausted(claimed.attempt):
-                retry_at = backend.now() + policy.delay(claimed.attempt)
+            retry_at = None if isinstance(exc, Permanent) else self._retry_at(backend, claimed)
             log.warning("%s failed: %s", task.name, error)
             self._fail(claimed, error, traceback.format_exc(), retry_at)
             return "dead" if retry_at is None else "retry"
