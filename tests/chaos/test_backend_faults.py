@@ -9,10 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from redis import Redis as SyncRedis
 
 from crawlq.app import App
 from crawlq.backends import open_backend
 from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.testing.chaos import ChaosPlan, SyntheticWebThread, chaos_sites, run_worker_chaos
 from crawlq.testing.faults import (
@@ -29,7 +32,7 @@ from crawlq.testing.faults import (
 from crawlq.testing.redis_server import RedisServer
 from crawlq.worker import Worker
 
-from ..crawl.conftest import crawl_settings
+from ..crawl.conftest import crawl_settings, fetch_settings
 
 
 def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path) -> None:
@@ -237,6 +240,65 @@ async def test_an_app_stores_its_queues_and_limits_again_in_a_redis_that_lost_th
 
 async def noop() -> None:
     return None
+
+
+async def test_a_worker_stores_its_crawl_delays_and_blocks_again_in_a_redis_that_lost_them(
+    tmp_path: Path,
+) -> None:
+    """A Crawl-delay rule and a 429 pause a worker stored are lost in a crash: every other
+    worker would pace a.test by the plain rule and send to b.test during its pause. The
+    worker that heard them stores them again with its next request."""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    url = server.start()
+    backend = open_backend(url)
+    try:
+        await backend.open()
+        fresh = server.snapshot()
+        politeness = Politeness(backend)
+        await politeness.crawl_delay("a.test", 2.0)
+        until = backend.now() + 600
+        await politeness.block("b.test", until, "429 Retry-After 600")
+        server.crash_back_to(fresh)
+        lost = await backend.limits()
+        web = SyntheticWeb([Site(name="c.test", pages=1)])
+        async with web as net, Fetcher(fetch_settings(net)) as fetcher:
+            await politeness.fetch(fetcher, net.url("c.test", "/page/0"))
+        rules = {rule.pattern: rule.limit.interval for rule in await backend.limits()}
+        (blocked,) = await backend.group_stats("b.test", include_idle=True)
+    finally:
+        await backend.close()
+        server.remove()
+    assert "a.test" not in {rule.pattern for rule in lost}
+    assert rules["a.test"] == 2.0
+    assert blocked.blocked_until == pytest.approx(until, abs=0.01)
+    assert blocked.block_reason == "429 Retry-After 600"
+
+
+async def test_a_redis_user_without_info_works_and_is_warned_of_unnoticed_restarts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Restarts are noticed by INFO's run_id; an ACL that leaves INFO out (it is in
+    @dangerous) must not lock crawlq out: the backend works, and says what it cannot see."""
+    server = RedisServer()
+    server.start()
+    admin = SyncRedis(port=server.port)
+    admin.acl_setuser("crawler", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-info"])  # fmt: skip
+    admin.close()
+    backend = open_backend(f"redis://crawler:secret@127.0.0.1:{server.port}/0")
+    try:
+        await backend.open()
+        await backend.ensure_queues([QUEUE])
+        result = await backend.schedule(disk_schedules(backend, "acl", 3))
+        claimed = await backend.claim([QUEUE.name], worker="w", limit=5, lease=60)
+    finally:
+        await backend.close()
+        server.remove()
+    assert result.added == 3 and len(claimed.elements) == 3
+    assert backend.epoch == 0
+    assert caplog.text.count("Redis gives no run_id") == 1
+    assert "no permissions to run the 'info' command" in caplog.text
+    assert "secret" not in caplog.text
 
 
 @pytest.mark.timeout(300)  # its own limits (120 s) must fail first, with a diagnosis

@@ -143,10 +143,13 @@ class Crawl:
                 raise FetchError(Reason.OUT_OF_SCOPE, url, "not an absolute http(s) URL")
             if self.settings.scope.refusal(canonical) is None:
                 elements.append({"url": canonical, "depth": 0})
+        backend = await self.app.backend()  # first: its first use schedules `_seeds` too
         granted = await self.budget.reserve(len(elements))
-        result = await self.app.aschedule_many(self.task, elements[:granted], only_if_new=True)
+        self._seeds.extend(elements[:granted])  # before the schedule: it may find a restart
+        result = await self.app.aschedule_many(
+            self.task, elements[:granted], only_if_new=True, backend=backend
+        )
         await self.budget.refund(granted - result.added)
-        self._seeds.extend(elements[:granted])
         return result.added
 
     async def _seed_again(self, backend: Backend) -> None:

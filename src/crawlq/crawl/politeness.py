@@ -218,6 +218,7 @@ class Politeness:
         self.clock = clock
         self.events: list[BlockEvent] = []
         self._blocked: dict[str, float] = {}
+        self._block_reasons: dict[str, str] = {}
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
@@ -227,6 +228,7 @@ class Politeness:
         self._limits: list[LimitRule] | None = None
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
+        self._epoch = backend.epoch
 
     async def interval(self, group: str) -> float:
         """The group's interval: its limit rule (read again every LIMITS_TTL seconds), or the
@@ -320,6 +322,8 @@ class Politeness:
         """Fetches `url` politely. `group` is the first hop's group (default: its host);
         later hops count against their host. Raises Throttled when the server asks for a
         pause (the group is then blocked), FetchError for every other failure."""
+        if self.backend.epoch != self._epoch:
+            await self._store_again()
         first = group or url_host(url)
 
         def group_of(hop: str) -> str:
@@ -374,6 +378,9 @@ class Politeness:
             return
         self._delays[group] = seconds
         self._intervals.pop(group, None)
+        await self._store_delay(group, seconds)
+
+    async def _store_delay(self, group: str, seconds: float) -> None:
         current = resolve(group, await self.backend.limits())
         if current.interval >= seconds:
             return
@@ -382,8 +389,23 @@ class Politeness:
 
     async def block(self, group: str, until: float, reason: str) -> None:
         self._blocked[group] = max(until, self._blocked.get(group, 0.0))
+        self._block_reasons[group] = reason
         self.events.append(BlockEvent(group=group, at=self.clock(), until=until, reason=reason))
         await self.backend.block_group(group, until, reason)
+
+    async def _store_again(self) -> None:
+        """A Redis back from a crash may have lost the Crawl-delays and blocks this worker
+        stored: every other worker would then pace by the plain rule, or send to a host
+        that asked for a pause. They are stored again (each worker, what it heard)."""
+        epoch = self.backend.epoch
+        self._limits = None
+        for group, seconds in list(self._delays.items()):
+            await self._store_delay(group, seconds)
+        for group in list(self._blocked):
+            until = self.blocked_until(group)
+            if until is not None:
+                await self.backend.block_group(group, until, self._block_reasons.get(group, ""))
+        self._epoch = epoch
 
     async def failed(self, group: str, what: str) -> None:
         count = self._failures.get(group, 0) + 1

@@ -171,13 +171,21 @@ class Worker:
             want = min(free, CLAIM_BATCH)
             flushes = self._flushes
             try:
-                await self.app.published(backend)  # a restarted Redis may have lost the limits
+                await self.app.published(backend)
+                epoch = backend.epoch
                 asked = time.perf_counter()
                 sent = asyncio.get_running_loop().time()
                 result = await backend.claim(
                     self.queues, worker=self.id, limit=want, lease=self.lease
                 )
                 self._metrics.claim_seconds.observe(time.perf_counter() - asked)
+                if backend.epoch != epoch:
+                    # The claim found Redis back from a crash that may have lost the queues
+                    # and limit rules it decided by: its elements go back, and the next claim
+                    # comes after they are stored again.
+                    if result.elements:
+                        await backend.release(result.elements)
+                    continue
             except BackendError as exc:
                 # A backend that went away (Redis restarting): keep running tasks, retry.
                 pause = min(MAX_OUTAGE_PAUSE, outage_pause)
@@ -199,7 +207,7 @@ class Worker:
                 self._flushing or self._acks or self._failures
             )
             if self.burst and settled and not self._inflight and not result.elements:
-                if await self._burst_done(backend, result.next_at, now):
+                if await self._burst_done(backend, result.next_at, now) and backend.epoch == epoch:
                     return
                 timeout = min(timeout, BURST_RECHECK)
             # A partial claim took everything claimable: like an empty one, it waits for more
@@ -399,8 +407,16 @@ class Worker:
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
         interval = max(0.05, self.lease / 3)
         loop = asyncio.get_running_loop()
+        registered = backend.epoch
         while True:
             await asyncio.sleep(interval)
+            if backend.epoch != registered:  # a Redis back from a crash may have lost it
+                try:
+                    await backend.register_worker(info)
+                except Exception:
+                    log.exception("registering worker %s again failed; retrying", self.id)
+                    continue
+                registered = backend.epoch
             running = [t for t in self._inflight if t not in self._lapsed]
             pending = [
                 *(self._inflight[t] for t in running),
