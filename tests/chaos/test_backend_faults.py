@@ -5,14 +5,19 @@ everysec). Full-size figures: `python -m benchmarks.chaos_bench`."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
 
+from crawlq import Context
 from crawlq.app import App
 from crawlq.backends import open_backend
+from crawlq.backends.redis import RedisBackend
 from crawlq.crawl.crawler import Crawl
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.politeness import Politeness
@@ -30,6 +35,7 @@ from crawlq.testing.faults import (
     small_disk,
 )
 from crawlq.testing.redis_server import RedisServer
+from crawlq.types import ClaimResult
 from crawlq.worker import Worker
 
 from ..crawl.conftest import crawl_settings, fetch_settings
@@ -240,6 +246,65 @@ async def test_an_app_stores_its_queues_and_limits_again_in_a_redis_that_lost_th
 
 async def noop() -> None:
     return None
+
+
+class CrashingAtFirstClaim(RedisBackend):
+    """A real Redis backend whose first claim crashes the server back to `snapshot` just
+    before it is sent: the claim itself is what finds the server restarted."""
+
+    def __init__(self, url: str, server: RedisServer, snapshot: Path) -> None:
+        super().__init__(url)
+        self.server, self.snapshot = server, snapshot
+
+    async def claim(self, queues: Sequence[str], **options: Any) -> ClaimResult:
+        if self.snapshot.exists():
+            self.server.crash_back_to(self.snapshot)
+            shutil.rmtree(self.snapshot)
+        return await super().claim(queues, **options)
+
+
+async def test_a_claim_that_finds_redis_lost_the_limits_gives_its_elements_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The queue has three elements of one host; the app limits hosts to one request at a
+    time, a rule the crash lost (the default allows 4). The claim that finds the restart
+    took all three by the default rule: it gives them back, the rule is stored again, and
+    they run one at a time."""
+    server = RedisServer(appendonly=True, appendfsync="always")
+    url = server.start()
+    producer = App(url)
+    producer.task(queue="pages")(noop)
+    await producer.aschedule_many("pages", [f"http://h.test/{n}" for n in range(3)])
+    await producer.aclose()
+    queued = server.snapshot()  # the queue and its elements; no rule of the worker's app
+
+    app = App(url)
+    app.limit("*", concurrency=1)
+    running: list[int] = []
+    peak: list[int] = []
+
+    @app.task(queue="pages")
+    async def pages(ctx: Context, url: str) -> None:
+        running.append(1)
+        peak.append(len(running))
+        await asyncio.sleep(0.05)
+        running.pop()
+
+    monkeypatch.setattr(
+        "crawlq.app.open_backend", lambda url, **_: CrashingAtFirstClaim(url, server, queued)
+    )
+    try:
+        stats = await Worker(app, burst=True, concurrency=10).run()
+        backend = await app.backend()
+        rules = {rule.pattern: rule.limit.concurrency for rule in await backend.limits()}
+        epoch = backend.epoch
+        await app.aclose()
+    finally:
+        server.remove()
+    assert epoch == 1
+    assert rules["*"] == 1
+    assert stats.done == 3
+    assert max(peak) == 1
 
 
 async def test_a_worker_stores_its_crawl_delays_and_blocks_again_in_a_redis_that_lost_them(
