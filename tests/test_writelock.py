@@ -8,6 +8,8 @@ import fcntl
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,41 @@ def test_a_killed_holder_frees_the_turn(tmp_path: Path) -> None:
         os.kill(holder.pid or 0, signal.SIGKILL)
         holder.join(30)
     assert can_take(str(tmp_path / "q.db-writer"))
+
+
+def test_a_writer_kept_waiting_long_says_which_process_holds_the_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer stopped mid-write (Ctrl-Z) keeps the turn, and the others wait: silently,
+    they would look hung. After LONG_WAIT they say how long, and who holds it."""
+    monkeypatch.setattr("crawlq.writelock.LONG_WAIT", 0.3)
+    context = multiprocessing.get_context("spawn")
+    ready: multiprocessing.SimpleQueue[bool] = context.SimpleQueue()
+    holder = context.Process(target=_hold_forever, args=(str(tmp_path / "q.db"), ready))
+    holder.start()
+    lock = WriteLock(str(tmp_path / "q.db"))
+    took = threading.Event()
+
+    def write() -> None:
+        with lock.held():
+            took.set()
+
+    writer = threading.Thread(target=write)
+    try:
+        assert ready.get() is True
+        writer.start()
+        deadline = time.monotonic() + 30
+        while "waiting" not in caplog.text:
+            assert time.monotonic() < deadline, "no word of the long wait"
+            time.sleep(0.05)
+        assert not took.is_set()
+    finally:
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        holder.join(30)
+    writer.join(30)
+    lock.close()
+    assert took.is_set()
+    assert f"for the turn to write {tmp_path / 'q.db'}, held by process {holder.pid}" in caplog.text
 
 
 @pytest.mark.parametrize("database", [":memory:", "file:q?mode=memory"])

@@ -6,18 +6,27 @@ writing one queue, the fetch process spent a third of its run asleep there. So c
 writers first take an exclusive flock on a file beside the database: the kernel hands it to
 the next waiter the moment it is released, and BEGIN IMMEDIATE then finds the database free
 (other programs writing the same file still meet SQLite's busy handler, as before). A process
-that dies releases its flock with its files, so a crash leaves nothing to clean up.
+that dies releases its flock with its files, so a crash leaves nothing to clean up. One that
+is stopped (Ctrl-Z, SIGSTOP) inside a write keeps it, and every other writer waits: after
+LONG_WAIT seconds each waiter logs which process holds the turn, and again each LONG_WAIT.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 
 SUFFIX = "-writer"
+#: Seconds a writer waits for its turn before it says so (then again each as long).
+LONG_WAIT = 30.0
+
+log = logging.getLogger("crawlq.writelock")
 
 
 @contextlib.contextmanager
@@ -70,7 +79,11 @@ class WriteLock:
         if fd is None:
             yield
             return
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with _waits.waiting(self.path, fd):
+                fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -86,3 +99,82 @@ class WriteLock:
         if self._fd is not None and self._pid == os.getpid():
             os.close(self._fd)
         self._fd = None
+
+
+class _LongWaits:
+    """Writers waiting for their turn, looked at by one thread every LONG_WAIT / 3 seconds
+    while there are any: a wait costs a dict entry, and only a long one costs a log line."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[int, tuple[str, int, float, float]] = {}  # id -> path, fd, since, next
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    @contextlib.contextmanager
+    def waiting(self, path: str, fd: int) -> Iterator[None]:
+        now = time.monotonic()
+        with self._lock:
+            self._count += 1
+            ticket = self._count
+            self._waiters[ticket] = (path, fd, now, now + LONG_WAIT)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="crawlq-writelock-watch", daemon=True
+                )
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._waiters[ticket]
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(LONG_WAIT / 3)
+            now = time.monotonic()
+            with self._lock:
+                if not self._waiters:
+                    self._thread = None
+                    return
+                due = [(t, w) for t, w in self._waiters.items() if w[3] <= now]
+                for ticket, (path, fd, since, _) in due:
+                    self._waiters[ticket] = (path, fd, since, now + LONG_WAIT)
+            for _, (path, fd, since, _) in due:
+                log.warning(
+                    "waiting %.0fs for the turn to write %s, held by %s (one stopped mid-write "
+                    "by Ctrl-Z or SIGSTOP keeps it until it continues or ends)",
+                    now - since,
+                    path.removesuffix(SUFFIX),
+                    holder(fd),
+                )
+
+
+def holder(fd: int) -> str:
+    """Which process holds the flock on `fd`'s file, from /proc/locks ("an unknown process"
+    where it cannot tell)."""
+    try:
+        stat = os.fstat(fd)
+        with open("/proc/locks") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return "an unknown process"
+    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters' lines carry "->"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+            return f"process {fields[4]}"
+    return "an unknown process"
+
+
+_waits = _LongWaits()
+
+
+def _forgotten_in_child() -> None:
+    """A forked child has none of its parent's threads, nor its waits."""
+    global _waits
+    _waits = _LongWaits()
+
+
+os.register_at_fork(after_in_child=_forgotten_in_child)
