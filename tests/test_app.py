@@ -107,6 +107,14 @@ async def test_a_task_that_recovers_is_done(app: App) -> None:
     assert (stats.done, stats.failed, queue.total, queue.dead) == (1, 1, 0, 0)
 
 
+def test_retry_delays_grow_to_their_cap_and_stay_there_at_any_attempt() -> None:
+    retry = Retry(max_attempts=5000, base=1, factor=2, cap=600, jitter=0)
+    assert [retry.delay(n) for n in (1, 2, 3, 10, 11)] == [1, 2, 4, 512, 600]
+    assert retry.delay(1100) == retry.delay(10**9) == 600  # 2.0 ** 1099 would overflow
+    assert Retry(base=0, jitter=0).delay(10**9) == 0
+    assert Retry(base=3, factor=1, jitter=0).delay(10**9) == 3
+
+
 async def test_a_crawlq_error_around_a_task_fails_the_attempt_instead_of_stranding_it(
     app: App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

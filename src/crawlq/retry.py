@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -27,6 +28,12 @@ class Retry:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after the `attempt`-th run failed; the jitter spreads a burst."""
-        ceiling = min(self.cap, self.base * self.factor ** max(0, attempt - 1))
+        n = max(0, attempt - 1)
+        if self.base == 0 or self.cap <= self.base:
+            ceiling = min(self.cap, self.base)
+        elif self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap / self.base):
+            ceiling = self.cap  # factor ** n itself would overflow past ~1,000 attempts
+        else:
+            ceiling = min(self.cap, self.base * self.factor**n)
         spread = (rng or random).random() * self.jitter * ceiling
         return ceiling - spread

@@ -107,22 +107,27 @@ class _LongWaits:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiters: dict[int, tuple[str, int, float, float]] = {}  # id -> path, fd, since, next
+        # ticket -> path, its file's "dev:inode" as /proc/locks writes it, since, next word
+        self._waiters: dict[int, tuple[str, str, float, float]] = {}
         self._thread: threading.Thread | None = None
         self._count = 0
 
     @contextlib.contextmanager
     def waiting(self, path: str, fd: int) -> Iterator[None]:
         now = time.monotonic()
+        stat = os.fstat(fd)
+        inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
         with self._lock:
             self._count += 1
             ticket = self._count
-            self._waiters[ticket] = (path, fd, now, now + LONG_WAIT)
+            self._waiters[ticket] = (path, inode, now, now + LONG_WAIT)
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._watch, name="crawlq-writelock-watch", daemon=True
                 )
-                self._thread.start()
+                with contextlib.suppress(RuntimeError):  # no new threads (shutting down)
+                    thread.start()
+                    self._thread = thread
         try:
             yield
         finally:
@@ -138,28 +143,26 @@ class _LongWaits:
                     self._thread = None
                     return
                 due = [(t, w) for t, w in self._waiters.items() if w[3] <= now]
-                for ticket, (path, fd, since, _) in due:
-                    self._waiters[ticket] = (path, fd, since, now + LONG_WAIT)
-            for _, (path, fd, since, _) in due:
+                for ticket, (path, inode, since, _) in due:
+                    self._waiters[ticket] = (path, inode, since, now + LONG_WAIT)
+            for _, (path, inode, since, _) in due:
                 log.warning(
                     "waiting %.0fs for the turn to write %s, held by %s (one stopped mid-write "
                     "by Ctrl-Z or SIGSTOP keeps it until it continues or ends)",
                     now - since,
                     path.removesuffix(SUFFIX),
-                    holder(fd),
+                    holder(inode),
                 )
 
 
-def holder(fd: int) -> str:
-    """Which process holds the flock on `fd`'s file, from /proc/locks ("an unknown process"
-    where it cannot tell)."""
+def holder(inode: str) -> str:
+    """Which process holds the flock on the file `inode` ("dev:inode" as /proc/locks writes
+    it), or "an unknown process" where it cannot tell."""
     try:
-        stat = os.fstat(fd)
         with open("/proc/locks") as locks:
             lines = locks.read().splitlines()
     except OSError:
         return "an unknown process"
-    inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
     for line in lines:
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"; waiters' lines carry "->"

@@ -32,18 +32,22 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend
+from ..errors import BackendError
 from ..grouping import url_host
 from ..limits import resolve
 from ..types import Limit, LimitRule
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
 from .fetcher import Fetcher
 from .response import Response
+
+log = logging.getLogger("crawlq.crawl")
 
 #: A 429/503 without a usable Retry-After pauses its group this long.
 DEFAULT_RETRY_AFTER = 30.0
@@ -378,14 +382,9 @@ class Politeness:
             return
         self._delays[group] = seconds
         self._intervals.pop(group, None)
-        await self._store_delay(group, seconds)
-
-    async def _store_delay(self, group: str, seconds: float) -> None:
-        current = resolve(group, await self.backend.limits())
-        if current.interval >= seconds:
-            return
-        limit = Limit(concurrency=current.concurrency, interval=seconds)
-        await self.backend.set_limits([LimitRule(pattern=glob_escape(group), limit=limit)])
+        rule = _raised(group, seconds, await self.backend.limits())
+        if rule is not None:
+            await self.backend.set_limits([rule])
 
     async def block(self, group: str, until: float, reason: str) -> None:
         self._blocked[group] = max(until, self._blocked.get(group, 0.0))
@@ -396,16 +395,24 @@ class Politeness:
     async def _store_again(self) -> None:
         """A Redis back from a crash may have lost the Crawl-delays and blocks this worker
         stored: every other worker would then pace by the plain rule, or send to a host
-        that asked for a pause. They are stored again (each worker, what it heard)."""
-        epoch = self.backend.epoch
+        that asked for a pause. They are stored again (each worker, what it heard), by the
+        first request that finds the new epoch; should that fail, by the next one. The
+        request itself goes on: this worker keeps to them either way."""
+        old, self._epoch = self._epoch, self.backend.epoch
         self._limits = None
-        for group, seconds in list(self._delays.items()):
-            await self._store_delay(group, seconds)
-        for group in list(self._blocked):
-            until = self.blocked_until(group)
-            if until is not None:
-                await self.backend.block_group(group, until, self._block_reasons.get(group, ""))
-        self._epoch = epoch
+        try:
+            rules = await self.backend.limits()
+            raised = [rule for g, s in self._delays.items() if (rule := _raised(g, s, rules))]
+            if raised:
+                await self.backend.set_limits(raised)
+            for group in list(self._blocked):
+                until = self.blocked_until(group)
+                if until is not None:
+                    reason = self._block_reasons.get(group, "")
+                    await self.backend.block_group(group, until, reason)
+        except BackendError as exc:
+            self._epoch = old
+            log.warning("storing Crawl-delays and pauses again failed (%s); next request", exc)
 
     async def failed(self, group: str, what: str) -> None:
         count = self._failures.get(group, 0) + 1
@@ -414,6 +421,16 @@ class Politeness:
         if pause is not None:
             reason = f"backing off {pause:g}s: {count} failures in a row (last: {what})"
             await self.block(group, self.clock() + pause, reason)
+
+
+def _raised(group: str, seconds: float, rules: list[LimitRule]) -> LimitRule | None:
+    """A rule of its own that raises `group`'s interval to a Crawl-delay of `seconds`, if the
+    rules give it less."""
+    current = resolve(group, rules)
+    if current.interval >= seconds:
+        return None
+    limit = Limit(concurrency=current.concurrency, interval=seconds)
+    return LimitRule(pattern=glob_escape(group), limit=limit)
 
 
 __all__ = ["Backoff", "BlockEvent", "Politeness", "Reason", "retry_after"]

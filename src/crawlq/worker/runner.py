@@ -31,7 +31,7 @@ from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
 from ..tasks import Task
-from ..types import Claimed, Failure, Schedule, WorkerInfo
+from ..types import Claimed, ClaimResult, Failure, Schedule, WorkerInfo
 from ..wakeup import Listener
 
 log = logging.getLogger("crawlq.worker")
@@ -44,6 +44,8 @@ BURST_RECHECK = 0.5
 CLAIM_BATCH = 100
 #: The longest pause between claims while the backend cannot be reached.
 MAX_OUTAGE_PAUSE = 5.0
+#: Claims in a row given back because each found Redis restarted; the next one runs as is.
+MAX_RESTARTED_CLAIMS = 3
 
 
 @dataclass(kw_only=True)
@@ -159,6 +161,7 @@ class Worker:
 
     async def _claim_loop(self, backend: Backend, listener: Listener) -> None:
         outage_pause = 0.1
+        restarts = 0  # claims in a row that found Redis restarted
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
             if free <= 0:
@@ -171,21 +174,19 @@ class Worker:
             want = min(free, CLAIM_BATCH)
             flushes = self._flushes
             try:
-                await self.app.published(backend)
                 epoch = backend.epoch
+                await self.app.published(backend)
                 asked = time.perf_counter()
                 sent = asyncio.get_running_loop().time()
                 result = await backend.claim(
                     self.queues, worker=self.id, limit=want, lease=self.lease
                 )
                 self._metrics.claim_seconds.observe(time.perf_counter() - asked)
-                if backend.epoch != epoch:
-                    # The claim found Redis back from a crash that may have lost the queues
-                    # and limit rules it decided by: its elements go back, and the next claim
-                    # comes after they are stored again.
-                    if result.elements:
-                        await backend.release(result.elements)
+                if backend.epoch != epoch and await self._gave_back(backend, result, restarts):
+                    await self._wait_any([self._stop], min(MAX_OUTAGE_PAUSE, 0.05 * restarts))
+                    restarts += 1
                     continue
+                restarts = 0
             except BackendError as exc:
                 # A backend that went away (Redis restarting): keep running tasks, retry.
                 pause = min(MAX_OUTAGE_PAUSE, outage_pause)
@@ -215,6 +216,22 @@ class Worker:
             await self._wait_any(
                 [listener.event, self._changed, self._stop], min(timeout, MAX_IDLE)
             )
+
+    async def _gave_back(self, backend: Backend, result: ClaimResult, restarts: int) -> bool:
+        """The claim found Redis back from a crash that may have lost the queues and limit
+        rules it decided by: its elements go back, to be claimed again once they are stored
+        again. Not after many such claims in a row (a server flapping), nor when the release
+        fails: then they run as claimed."""
+        if restarts >= MAX_RESTARTED_CLAIMS:
+            return False
+        if not result.elements:
+            return True
+        try:
+            await backend.release(result.elements)
+        except BackendError as exc:
+            log.warning("worker %s: could not give back a claim (%s); running it", self.id, exc)
+            return False
+        return True
 
     async def _burst_done(self, backend: Backend, next_at: float | None, now: float) -> bool:
         """Done when nothing in these queues runs anywhere and nothing can start soon: due
@@ -307,12 +324,12 @@ class Worker:
             log.exception(
                 "worker %s: crawlq failed around %s %s", self.id, claimed.queue, claimed.key[:200]
             )
-            self._fail(
-                claimed,
-                f"crawlq error: {type(exc).__name__}: {exc}",
-                traceback.format_exc(),
-                self._retry_at(backend, claimed),
-            )
+            error, tb = f"crawlq error: {type(exc).__name__}: {exc}", traceback.format_exc()
+            try:
+                retry_at = self._retry_at(backend, claimed)
+            except Exception:
+                retry_at = None  # dead letter: it says what failed
+            self._fail(claimed, error, tb, retry_at)
             return
         if outcome is not None:
             self._metrics.finished(claimed.queue, outcome, time.perf_counter() - began)
@@ -413,10 +430,9 @@ class Worker:
             if backend.epoch != registered:  # a Redis back from a crash may have lost it
                 try:
                     await backend.register_worker(info)
+                    registered = backend.epoch
                 except Exception:
                     log.exception("registering worker %s again failed; retrying", self.id)
-                    continue
-                registered = backend.epoch
             running = [t for t in self._inflight if t not in self._lapsed]
             pending = [
                 *(self._inflight[t] for t in running),

@@ -39,6 +39,8 @@ class RestartWatch:
         else:
             reason = "no run_id in its INFO"
         if run is None:
+            if not self.watching:  # another connection, at the same time, said it already
+                return
             self.watching = False
             log.warning(
                 "Redis gives no run_id (%s): a restart that lost confirmed writes (appendfsync "
