@@ -56,6 +56,7 @@ class WriteLock:
         self.path = database + SUFFIX
         self._usable = database not in ("", ":memory:") and not database.startswith("file:")
         self._fd: int | None = None
+        self._inode = ""  # the file's "dev:inode" as /proc/locks writes it
         self._pid = 0
 
     def _descriptor(self) -> int | None:
@@ -71,6 +72,8 @@ class WriteLock:
                 self._usable = False
                 return None
             self._pid = os.getpid()
+            stat = os.fstat(self._fd)
+            self._inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
         return self._fd
 
     @contextlib.contextmanager
@@ -82,7 +85,7 @@ class WriteLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            with _waits.waiting(self.path, fd):
+            with _waits.waiting(self.path, self._inode):
                 fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -113,10 +116,8 @@ class _LongWaits:
         self._count = 0
 
     @contextlib.contextmanager
-    def waiting(self, path: str, fd: int) -> Iterator[None]:
+    def waiting(self, path: str, inode: str) -> Iterator[None]:
         now = time.monotonic()
-        stat = os.fstat(fd)
-        inode = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
         with self._lock:
             self._count += 1
             ticket = self._count

@@ -194,9 +194,7 @@ async def test_a_crawl_fetches_again_what_a_restarted_redis_lost(tmp_path: Path)
     server = RedisServer(appendonly=True, appendfsync="always")
     url = server.start()
     try:
-        creator = open_backend(url)
-        await creator.open()  # the namespace exists; nothing of the crawl's is stored yet
-        await creator.close()
+        await create_namespace(url)  # nothing of the crawl's is stored yet
         fresh = server.snapshot()
         async with SyntheticWeb([Site(name="a.test", pages=7)]) as net:
             crawl = Crawl(crawl_settings(net, tmp_path), backend=url)
@@ -204,8 +202,8 @@ async def test_a_crawl_fetches_again_what_a_restarted_redis_lost(tmp_path: Path)
             first = await Worker(crawl.app, burst=True, concurrency=4).run()
             server.crash_back_to(fresh)
             second = await Worker(crawl.app, burst=True, concurrency=4).run()
-            epoch = (await crawl.app.backend()).epoch
-            stats = (await (await crawl.app.backend()).queue_stats())[0]
+            backend = await crawl.app.backend()
+            epoch, (stats,) = backend.epoch, await backend.queue_stats()
             await crawl.aclose()
     finally:
         server.remove()
@@ -226,9 +224,7 @@ async def test_an_app_stores_its_queues_and_limits_again_in_a_redis_that_lost_th
     app.limit("*.test", concurrency=1, interval=0.5)
     app.task(queue="pages")(noop)
     try:
-        creator = open_backend(url)
-        await creator.open()  # the namespace exists; nothing of the app's is stored yet
-        await creator.close()
+        await create_namespace(url)  # nothing of the app's is stored yet
         fresh = server.snapshot()
         backend = await app.backend()
         server.crash_back_to(fresh)
@@ -246,6 +242,13 @@ async def test_an_app_stores_its_queues_and_limits_again_in_a_redis_that_lost_th
 
 async def noop() -> None:
     return None
+
+
+async def create_namespace(url: str) -> None:
+    """The backend's own keys (version, default limit, functions) and nothing else."""
+    backend = open_backend(url)
+    await backend.open()
+    await backend.close()
 
 
 class CrashingAtFirstClaim(RedisBackend):
@@ -272,12 +275,6 @@ async def test_a_claim_that_finds_redis_lost_the_limits_gives_its_elements_back(
     they run one at a time."""
     server = RedisServer(appendonly=True, appendfsync="always")
     url = server.start()
-    producer = App(url)
-    producer.task(queue="pages")(noop)
-    await producer.aschedule_many("pages", [f"http://h.test/{n}" for n in range(3)])
-    await producer.aclose()
-    queued = server.snapshot()  # the queue and its elements; no rule of the worker's app
-
     app = App(url)
     app.limit("*", concurrency=1)
     running: list[int] = []
@@ -290,10 +287,15 @@ async def test_a_claim_that_finds_redis_lost_the_limits_gives_its_elements_back(
         await asyncio.sleep(0.05)
         running.pop()
 
-    monkeypatch.setattr(
-        "crawlq.app.open_backend", lambda url, **_: CrashingAtFirstClaim(url, server, queued)
-    )
     try:
+        producer = App(url)
+        producer.task(queue="pages")(noop)
+        await producer.aschedule_many("pages", [f"http://h.test/{n}" for n in range(3)])
+        await producer.aclose()
+        queued = server.snapshot()  # the queue and its elements; no rule of the worker's app
+        monkeypatch.setattr(
+            "crawlq.app.open_backend", lambda url, **_: CrashingAtFirstClaim(url, server, queued)
+        )
         stats = await Worker(app, burst=True, concurrency=10).run()
         backend = await app.backend()
         rules = {rule.pattern: rule.limit.concurrency for rule in await backend.limits()}

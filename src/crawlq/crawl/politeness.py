@@ -288,6 +288,7 @@ class Politeness:
         until = self._blocked.get(group)
         if until is not None and until <= self.clock():
             del self._blocked[group]
+            self._block_reasons.pop(group, None)
             return None
         return until
 
