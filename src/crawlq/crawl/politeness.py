@@ -180,14 +180,6 @@ class Unpaced:
         self.politeness.pause_early(self.group, status, retry_after)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BlockEvent:
-    group: str
-    at: float
-    until: float
-    reason: str
-
-
 def retry_after(value: str | None, now: float) -> float | None:
     """Retry-After as an epoch time: delay-seconds or an HTTP-date; None if unusable."""
     if not value:
@@ -220,7 +212,6 @@ class Politeness:
         self.backend = backend
         self.backoff = backoff or Backoff()
         self.clock = clock
-        self.events: list[BlockEvent] = []
         self._blocked: dict[str, float] = {}
         self._block_reasons: dict[str, str] = {}
         self._failures: dict[str, int] = {}
@@ -390,7 +381,6 @@ class Politeness:
     async def block(self, group: str, until: float, reason: str) -> None:
         self._blocked[group] = max(until, self._blocked.get(group, 0.0))
         self._block_reasons[group] = reason
-        self.events.append(BlockEvent(group=group, at=self.clock(), until=until, reason=reason))
         await self.backend.block_group(group, until, reason)
 
     async def _store_again(self) -> None:
@@ -434,4 +424,4 @@ def _raised(group: str, seconds: float, rules: list[LimitRule]) -> LimitRule | N
     return LimitRule(pattern=glob_escape(group), limit=limit)
 
 
-__all__ = ["Backoff", "BlockEvent", "Politeness", "Reason", "retry_after"]
+__all__ = ["Backoff", "Politeness", "Reason", "retry_after"]
