@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -203,15 +203,9 @@ def drain(
     )
 
 
-async def claim_rate(target: Target, queued: int) -> list[dict[str, Any]]:
-    """Claims CLAIMS elements, one a claim and 100 a claim, with 90% of 10,000 groups blocked.
-
-    The queue is filled, its groups blocked and the file closed (checkpointed) first. Then,
-    on one open backend as a worker keeps it, CLAIM_ROUNDS rounds each claim CLAIMS elements
-    (timed) and release them (not timed); the rate is the median round's, and the first
-    (cold) round's is kept beside it. One round is only ~0.1 s, so a single one says more
-    about when a checkpoint fell than about the claim.
-    """
+async def _fill_claims(target: Target, queued: int) -> tuple[str, float]:
+    """A queue of `queued` elements in GROUPS groups, 90% of them blocked, its backend
+    closed (a SQLite file checkpointed) again: its URL and the seconds the fill took."""
     url = target.url(f"claims-{queued}")
     backend = await _open(url)
     config = QueueConfig(name="pages")
@@ -232,42 +226,70 @@ async def claim_rate(target: Target, queued: int) -> list[dict[str, Any]]:
         if g % 10:
             await backend.block_group(f"g{g}.bench", now + 86_400, "benchmark")
     await backend.close()
+    return url, fill_seconds
+
+
+async def _claim_round(backend: Backend, per_claim: int) -> float:
+    """Claims CLAIMS elements `per_claim` a claim (timed), then gives them back (not timed):
+    the claims a second."""
+    taken: list[Any] = []
+    started = time.perf_counter()
+    while len(taken) < CLAIMS:
+        got = await backend.claim(["pages"], worker="bench", limit=per_claim, lease=600)
+        if not got.elements:
+            raise RuntimeError(f"only {len(taken)} claimable in {backend.url}")
+        taken.extend(got.elements)
+    rate = CLAIMS / (time.perf_counter() - started)
+    await backend.release(taken)
+    return rate
+
+
+async def claim_rate(target: Target, sizes: Sequence[int]) -> list[dict[str, Any]]:
+    """Claims CLAIMS elements, one a claim and 100 a claim, from a queue of each size in
+    `sizes`, with 90% of 10,000 groups blocked.
+
+    Every queue is filled, its groups blocked and its backend closed (checkpointed) first.
+    Then, each on one open backend as a worker keeps it, CLAIM_ROUNDS rounds claim CLAIMS
+    elements (timed) and release them (not timed), the sizes taking turns round by round:
+    the target is a ratio between sizes, and a slow spell of the shared machine then falls
+    on all of them alike rather than on whichever size was measured during it. The rate is
+    the median round's, and the first (cold) round's is kept beside it. One round is only
+    ~0.1 s, so a single one says more about when a checkpoint fell than about the claim.
+    """
+    filled = {queued: await _fill_claims(target, queued) for queued in sizes}
     results = []
     for per_claim in (1, 100):
-        backend = await _open(url)
-        rates = []
+        backends = {queued: await _open(url) for queued, (url, _) in filled.items()}
+        rates: dict[int, list[float]] = {queued: [] for queued in sizes}
         for _ in range(CLAIM_ROUNDS):
-            taken: list[Any] = []
-            started = time.perf_counter()
-            while len(taken) < CLAIMS:
-                got = await backend.claim(["pages"], worker="bench", limit=per_claim, lease=600)
-                if not got.elements:
-                    raise RuntimeError(f"only {len(taken)} claimable of {queued}")
-                taken.extend(got.elements)
-            rates.append(CLAIMS / (time.perf_counter() - started))
-            await backend.release(taken)
-        await backend.close()
-        rate = statistics.median(rates)
-        results.append(
-            result(
-                "claim",
-                tasks=CLAIMS,
-                seconds=CLAIMS / rate,
-                rate=rate,
-                cold_rate=rates[0],
-                rounds=CLAIM_ROUNDS,
-                config=(
-                    f"backend.claim(limit={per_claim}) in a loop, one transaction each; "
-                    f"median of {CLAIM_ROUNDS} rounds of {CLAIMS:,} on one open backend"
-                ),
-                backend=target.backend,
-                queued=queued,
-                groups=GROUPS,
-                blocked_groups=GROUPS * 9 // 10,
-                per_claim=per_claim,
-                fill_seconds=fill_seconds,
+            for queued, backend in backends.items():
+                rates[queued].append(await _claim_round(backend, per_claim))
+        for backend in backends.values():
+            await backend.close()
+        for queued in sizes:
+            rate = statistics.median(rates[queued])
+            results.append(
+                result(
+                    "claim",
+                    tasks=CLAIMS,
+                    seconds=CLAIMS / rate,
+                    rate=rate,
+                    cold_rate=rates[queued][0],
+                    rounds=CLAIM_ROUNDS,
+                    config=(
+                        f"backend.claim(limit={per_claim}) in a loop, one transaction each; "
+                        f"median of {CLAIM_ROUNDS} rounds of {CLAIMS:,} on one open backend, "
+                        f"taking turns with the queue{'s' if len(sizes) > 2 else ''} of "
+                        + " and ".join(f"{other:,}" for other in sizes if other != queued)
+                    ),
+                    backend=target.backend,
+                    queued=queued,
+                    groups=GROUPS,
+                    blocked_groups=GROUPS * 9 // 10,
+                    per_claim=per_claim,
+                    fill_seconds=filled[queued][1],
+                )
             )
-        )
     return results
 
 
@@ -275,8 +297,8 @@ def _schedule_step(target: Target) -> list[dict[str, Any]]:
     return asyncio.run(schedule_rates(target))
 
 
-def claim_step(target: Target, queued: int) -> list[dict[str, Any]]:
-    return asyncio.run(claim_rate(target, queued))
+def claim_step(target: Target, sizes: Sequence[int]) -> list[dict[str, Any]]:
+    return asyncio.run(claim_rate(target, sizes))
 
 
 def _drain_step(
@@ -305,8 +327,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     step = partial(_drain_step, target, workload, processes, tasks)
                     steps.append((f"{workload} x{processes}", step))
         if "claim" in only:
-            for queued in (GROUPS, args.big):
-                steps.append((f"claim {queued}", partial(claim_step, target, queued)))
+            sizes = (GROUPS, args.big)
+            steps.append((f"claim {sizes}", partial(claim_step, target, sizes)))
         if "memory" in only:
             for queued in (NOOP_TASKS, args.big, 2 * args.big):
                 step = partial(_drain_step, target, "noop", 1, NOOP_TASKS, queued)

@@ -14,8 +14,9 @@ Measures (issue 3), each system in turn, Redis flushed before each:
 - lateness: LATE_TASKS delayed tasks, scheduled one at a time at LATE_PACE a second, each
   due LATE_DELAY seconds after its own schedule call; the task records time.time() minus
   its due time as its first step (common.mark_late);
-- claim: crawlq_bench.claim_rate on Redis (10,000 groups, 90% blocked), and for the peers
-  CLAIMS dequeues by their own dequeue primitive, each at GROUPS and at ``--big`` queued.
+- claim: crawlq_bench.claim_rate on Redis (10,000 groups, 90% blocked; the two sizes'
+  rounds taking turns), and for the peers CLAIMS dequeues by their own dequeue primitive,
+  each at GROUPS and at ``--big`` queued.
 """
 
 from __future__ import annotations
@@ -311,13 +312,13 @@ def wait_for_marks(marker: Path, n: int, timeout: float, workers: Workers) -> No
 
 def claims(system: str, redis_url: str, folder: Path, big: int) -> list[dict[str, Any]]:
     """crawlq: claim_rate on Redis. Peers: CLAIMS dequeues with GROUPS and ``big`` queued."""
+    if system == "crawlq":  # both sizes at once, their rounds taking turns
+        flush(redis_url)
+        measured = crawlq_bench.claim_step(Target(folder, redis_url), (GROUPS, big))
+        return [r | {"suite": "redis"} for r in measured]
     results = []
     for queued in (GROUPS, big):
         flush(redis_url)
-        if system == "crawlq":
-            for r in crawlq_bench.claim_step(Target(folder, redis_url), queued):
-                results.append(r | {"suite": "redis"})
-            continue
         client, version = open_client(system, redis_url, "")
         try:
             started = time.perf_counter()
