@@ -121,14 +121,16 @@ async def test_schedules_from_two_event_loops_are_each_answered_on_their_own(
         answered.append(asyncio.run(asyncio.wait_for(links(backend, url("b.test", 1)), DEADLINE)))
 
     thread = threading.Thread(target=from_another_loop)
+    commit = backend._thread
+    assert commit is not None
     with HeldThread(backend):
         ours = asyncio.ensure_future(links(backend, url("a.test", 1)))
         thread.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DEADLINE
-        while len(backend._schedules) < 2 and loop.time() < deadline:
+        while commit.waiting < 2 and loop.time() < deadline:
             await asyncio.sleep(0.01)  # until the other loop's batch waits beside ours
-        assert len(backend._schedules) == 2
+        assert commit.waiting == 2
     assert (await asyncio.wait_for(ours, DEADLINE)).added == 1
     await asyncio.to_thread(thread.join, DEADLINE)
     assert [result.added for result in answered] == [1]

@@ -7,14 +7,12 @@ URLs are stored and looked up without their credentials (`http://***@host/`, red
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from pathlib import Path
 from typing import Protocol
 
+from ..groupcommit import GroupCommit
 from .redact import redact_url
 from .response import Response
 from .warc import DEFAULT_FILE_BYTES, RecordRef, RotatingWarcWriter, StoredResponse, read_record
@@ -61,9 +59,6 @@ def open_index(path: Path) -> sqlite3.Connection:
     return connection
 
 
-_Pending = tuple[Response, "asyncio.Future[RecordRef]"]
-
-
 class WarcStore:
     """WARC files in `directory`, rotated at `max_file_bytes`, indexed in INDEX_FILE. All
     disk work runs on one thread of its own, off the event loop.
@@ -75,11 +70,8 @@ class WarcStore:
     def __init__(self, directory: Path | str, *, max_file_bytes: int = DEFAULT_FILE_BYTES):
         self.directory = Path(directory)
         self._writer = RotatingWarcWriter(self.directory, max_file_bytes=max_file_bytes)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-warc")
         self._index: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._pending: list[_Pending] = []
-        self._draining = False
+        self._commit = GroupCommit(self._put_many, "crawlq-warc")
 
     def _connection(self) -> sqlite3.Connection:
         if self._index is None:
@@ -88,37 +80,15 @@ class WarcStore:
         return self._index
 
     async def put(self, response: Response) -> RecordRef:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[RecordRef] = loop.create_future()
-        with self._lock:
-            self._pending.append((response, future))
-            start = not self._draining
-            self._draining = True
-        if start:
-            self._thread.submit(self._drain, loop)
-        return await future
+        return await self._commit(response)
 
-    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            with self._lock:
-                batch, self._pending = self._pending, []
-                if not batch:
-                    self._draining = False
-                    return
-            try:
-                refs = self._put_many([response for response, _ in batch])
-            except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, batch, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, batch, refs, None)
-
-    def _put_many(self, responses: list[Response]) -> list[RecordRef | Exception]:
+    def _put_many(self, responses: list[Response]) -> list[RecordRef | BaseException]:
         """Writes and indexes the batch; a response that cannot be written fails alone."""
-        refs: list[RecordRef | Exception] = []
+        refs: list[RecordRef | BaseException] = []
         for response in responses:
             try:
                 refs.append(self._writer.write(response, flush=False))
-            except (ValueError, UnicodeError) as exc:
+            except (ValueError, UnicodeError, OSError) as exc:  # OSError: a full disk, say
                 refs.append(exc)
         self._writer.flush()
         connection = self._connection()
@@ -139,8 +109,7 @@ class WarcStore:
         return refs
 
     async def get(self, url: str) -> StoredResponse | None:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._get, url)
+        return await self._commit.run(self._get, url)
 
     def _get(self, url: str) -> StoredResponse | None:
         row = self._connection().execute(_LATEST, (redact_url(url),)).fetchone()
@@ -158,28 +127,10 @@ class WarcStore:
         return [RecordRef(file=f, offset=o, length=n) for f, o, n in rows]
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._thread, self._close)
-        self._thread.shutdown()
+        await self._commit.close(self._close)
 
     def _close(self) -> None:
         self._writer.close()
         if self._index is not None:
             self._index.close()
             self._index = None
-
-
-def _settle(
-    batch: list[_Pending],
-    refs: list[RecordRef | Exception] | None,
-    error: BaseException | None,
-) -> None:
-    for index, (_, future) in enumerate(batch):
-        if future.done():  # its put was cancelled
-            continue
-        outcome = error if refs is None else refs[index]
-        if isinstance(outcome, RecordRef):
-            future.set_result(outcome)
-        else:
-            assert outcome is not None
-            future.set_exception(outcome)

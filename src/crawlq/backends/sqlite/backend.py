@@ -6,18 +6,15 @@ on the disk or on another process's write lock.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from ...errors import BackendError, ConfigError
+from ...groupcommit import GroupCommit
 from ...types import (
     Claimed,
     ClaimResult,
@@ -41,8 +38,7 @@ T = TypeVar("T")
 
 DEFAULT_URL = "sqlite:///crawlq.db"
 
-_Waiting = tuple[Sequence[Schedule], "asyncio.Future[ScheduleResult]"]
-_Settled = tuple[_Waiting, ScheduleResult | BaseException]
+_Scheduled = tuple[ScheduleResult, list[str]]  # and the addresses to wake for it
 
 
 def path_from_url(url: str) -> str:
@@ -65,11 +61,9 @@ class SQLiteBackend:
         self.path = str(Path(path_from_url(url)).expanduser())
         self.now = clock
         self._create = create
-        self._thread: ThreadPoolExecutor | None = None
+        self._thread: GroupCommit[Sequence[Schedule], _Scheduled] | None = None
         self._engine: Engine | None = None
         self._wake = WakeSender()
-        self._lock = threading.Lock()
-        self._schedules: list[_Waiting] = []  # batches the thread has not taken yet
 
     async def __aenter__(self) -> SQLiteBackend:
         await self.open()
@@ -81,11 +75,11 @@ class SQLiteBackend:
     async def open(self) -> None:
         if self._thread is not None:
             return
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-sqlite")
+        self._thread = GroupCommit(self._schedule_all, "crawlq-sqlite")
         try:
             await self._call(self._connect)
         except BaseException:
-            self._thread.shutdown()
+            await self._thread.close()
             self._thread = None
             raise
 
@@ -98,16 +92,15 @@ class SQLiteBackend:
         if self._engine is not None:
             await self._call(self._engine.store.close)
             self._engine = None
-        self._thread.shutdown()
+        await self._thread.close()
         self._thread = None
         self._wake.close()
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+            return await self._thread.run(functools.partial(fn, *args, **kwargs))
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
@@ -142,46 +135,26 @@ class SQLiteBackend:
             return ScheduleResult()
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
-        future: asyncio.Future[ScheduleResult] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._schedules.append((items, future))
-            first = len(self._schedules) == 1
-        if first:
-            self._thread.submit(self._schedule_waiting)
-        return await future
+        result, wake = await self._thread(items)
+        if wake:
+            self._wake.send(dict.fromkeys(wake))
+        return result
 
-    def _schedule_waiting(self) -> None:
-        with self._lock:
-            taken, self._schedules = self._schedules, []
-        # A call cancelled before its turn is not applied, as with run_in_executor.
-        waiting = [(items, future) for items, future in taken if not future.cancelled()]
-        if not waiting:
-            return
-        outcomes: list[ScheduleResult | BaseException] = []
-        wake: list[str] = []
+    def _schedule_all(self, batches: list[Sequence[Schedule]]) -> list[_Scheduled | Exception]:
+        """The batches' results; the first of them carries all the wake-ups, sent once."""
         try:
-            results, wake = self.engine.schedule_batches([items for items, _ in waiting])
-            outcomes += results
+            results, wake = self.engine.schedule_batches(batches)
         except sqlite3.OperationalError as exc:  # the database's (locked, full), not a batch's
-            outcomes += [self._error(exc) for _ in waiting]
+            return [self._error(exc) for _ in batches]
         except Exception:  # the batch that raised fails alone
-            for items, _ in waiting:
+            outcomes: list[_Scheduled | Exception] = []
+            for items in batches:
                 try:
-                    result, woken = self.engine.schedule(items)
+                    outcomes.append(self.engine.schedule(items))
                 except Exception as exc:
                     outcomes.append(self._error(exc))
-                else:
-                    outcomes.append(result)
-                    wake += woken
-        # Each future is settled on its own loop (callers may come from more than one); the
-        # first of them sends the wake-ups, as every other call does, from a loop.
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Settled]] = {}
-        for entry, outcome in zip(waiting, outcomes, strict=True):
-            by_loop.setdefault(entry[1].get_loop(), []).append((entry, outcome))
-        for loop, settled in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: no one waits there
-                loop.call_soon_threadsafe(self._settle_schedules, settled, wake)
-                wake = []
+            return outcomes
+        return [(result, wake if n == 0 else []) for n, result in enumerate(results)]
 
     def _error(self, exc: Exception) -> Exception:
         """A driver error as the crawlq error `_call` raises."""
@@ -190,17 +163,6 @@ class SQLiteBackend:
         error = translate(exc, self.path)
         error.__cause__ = exc
         return error
-
-    def _settle_schedules(self, settled: list[_Settled], wake: list[str]) -> None:
-        if wake:
-            self._wake.send(dict.fromkeys(wake))
-        for (_, future), outcome in settled:
-            if future.done():  # cancelled meanwhile
-                continue
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
 
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: float
