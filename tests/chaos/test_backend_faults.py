@@ -185,30 +185,37 @@ async def test_a_redis_call_outlasts_connections_dropped_in_their_handshake() ->
         server.remove()
 
 
-async def test_a_crawl_fetches_again_what_a_restarted_redis_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_pages", [None, 7], ids=["no-budget", "budget-spent"])
+async def test_a_crawl_fetches_again_what_a_restarted_redis_lost(
+    max_pages: int | None, tmp_path: Path
+) -> None:
     """A crashed redis-server with `appendfsync everysec` may come back without its last
     confirmed writes. Here it loses all the crawl wrote (queue, limits, seed, links, acks)
     once the crawl is done. The crawl stores its queue, limits and seed again, and forgets
     the links it remembered queueing, so the seed and every page it leads to are fetched
-    again. (A CI run lost two pages when that memory outlived the links.)"""
+    again. (A CI run lost two pages when that memory outlived the links.) A page budget the
+    first crawl spent whole does not stop that: the budget (in the output folder, not in
+    Redis) knows the URLs it charged for, and admits them again for free."""
     server = RedisServer(appendonly=True, appendfsync="always")
     url = server.start()
     try:
         await create_namespace(url)  # nothing of the crawl's is stored yet
         fresh = server.snapshot()
         async with SyntheticWeb([Site(name="a.test", pages=7)]) as net:
-            crawl = Crawl(crawl_settings(net, tmp_path), backend=url)
+            crawl = Crawl(crawl_settings(net, tmp_path, max_pages=max_pages), backend=url)
             await crawl.seed([net.url("a.test")])
             first = await Worker(crawl.app, burst=True, concurrency=4).run()
             server.crash_back_to(fresh)
             second = await Worker(crawl.app, burst=True, concurrency=4).run()
             backend = await crawl.app.backend()
             epoch, (stats,) = backend.epoch, await backend.queue_stats()
+            used = crawl.budget.used()
             await crawl.aclose()
     finally:
         server.remove()
     assert epoch == 1
     assert (first.done, second.done) == (7, 7)
+    assert used == (7 if max_pages else 0)
     assert (stats.total, stats.dead) == (0, 0)
     hits = Counter(net.url(hit.host, hit.path) for hit in net.hits if hit.path != "/robots.txt")
     assert hits == dict.fromkeys(net.page_urls("a.test"), 2)

@@ -1,27 +1,40 @@
-"""The page budget of a crawl: how many URLs it may ever admit, kept on disk so a resumed
-crawl (and every process of it) counts against the same total."""
+"""The page budget of a crawl: how many distinct URLs it may ever admit, kept on disk so a
+resumed crawl (and every process of it) counts against the same total.
+
+It remembers each URL it charged for (a 64-bit digest), and a URL admitted again is free: a
+Redis that lost its last writes in a crash has the crawl fetch again the pages that found
+them and schedule their links again, and a budget that counted admissions charged those
+links twice (a crawl near its budget then ended that many pages short). Charging each URL
+once needs no refunds either: two pages that find the same new link at once charge it once,
+whichever of them gets it into the queue."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+from ..groupcommit import GroupCommit
+from ..identity import key_hash
 from ..writelock import WriteLock
 
 BUDGET_FILE = "budget.sqlite"
+#: URLs looked up in one query (SQLite's default limit of bound parameters is 999).
+LOOKUP_BATCH = 500
 
 
 class PageBudget:
-    """`reserve(n)` grants up to n of what is left; `refund(n)` returns what went unused."""
+    """`admit(urls)` says which URLs may be scheduled: those charged before, and new ones
+    while the budget lasts. Admits from the tasks of a worker are group-committed: one
+    transaction for all that are waiting (a crawl admits a page's links hundreds of times a
+    second)."""
 
     def __init__(self, directory: Path | str, limit: int | None) -> None:
         self.limit = limit
         self._path = Path(directory) / BUDGET_FILE
-        self._lock = threading.Lock()
         self._write_lock = WriteLock(str(self._path))
         self._connection: sqlite3.Connection | None = None
+        self._commit = GroupCommit(self._admit_all, "crawlq-budget")
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
@@ -30,45 +43,67 @@ class PageBudget:
                 self._path, timeout=30, isolation_level=None, check_same_thread=False
             )
             connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")  # as the queue's own file
             connection.execute(
                 "CREATE TABLE IF NOT EXISTS budget (id INTEGER PRIMARY KEY, used INTEGER)"
             )
+            connection.execute("CREATE TABLE IF NOT EXISTS charged (digest INTEGER PRIMARY KEY)")
             connection.execute("INSERT OR IGNORE INTO budget (id, used) VALUES (1, 0)")
             self._connection = connection
         return self._connection
 
-    def _change(self, wanted: int, refund: bool) -> int:
-        with self._lock:
-            db = self._db()
-            with self._write_lock.transaction(db):
-                (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
-                if refund:
-                    granted = min(wanted, used)
-                    used -= granted
-                else:
-                    assert self.limit is not None
-                    granted = max(0, min(wanted, self.limit - used))
-                    used += granted
-                db.execute("UPDATE budget SET used = ? WHERE id = 1", (used,))
-            return int(granted)
+    def _admit_all(self, batches: list[Sequence[str]]) -> list[list[str]]:
+        assert self.limit is not None
+        db = self._db()
+        digests = [[key_hash(url) for url in urls] for urls in batches]
+        wanted = list({digest for batch in digests for digest in batch})
+        with self._write_lock.transaction(db):
+            known: set[int] = set()
+            for start in range(0, len(wanted), LOOKUP_BATCH):
+                some = wanted[start : start + LOOKUP_BATCH]
+                query = f"SELECT digest FROM charged WHERE digest IN ({','.join('?' * len(some))})"
+                known.update(digest for (digest,) in db.execute(query, some))
+            (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
+            left = self.limit - used
+            charged: list[tuple[int]] = []
+            admitted: list[list[str]] = []
+            for urls, batch in zip(batches, digests, strict=True):
+                taken: set[int] = set()
+                admitted.append([])
+                for url, digest in zip(urls, batch, strict=True):
+                    if digest in taken:
+                        continue
+                    if digest not in known:
+                        if len(charged) >= left:
+                            continue
+                        known.add(digest)
+                        charged.append((digest,))
+                    taken.add(digest)
+                    admitted[-1].append(url)
+            db.executemany("INSERT INTO charged (digest) VALUES (?)", charged)
+            db.execute("UPDATE budget SET used = ? WHERE id = 1", (used + len(charged),))
+        return admitted
 
-    async def reserve(self, wanted: int) -> int:
-        if self.limit is None or wanted <= 0:
-            return max(wanted, 0)
-        return await asyncio.to_thread(self._change, wanted, False)
-
-    async def refund(self, unused: int) -> None:
-        if self.limit is not None and unused > 0:
-            await asyncio.to_thread(self._change, unused, True)
+    async def admit(self, urls: Sequence[str]) -> list[str]:
+        """The URLs that may be scheduled, in their order, once each. Without a limit: all."""
+        if self.limit is None or not urls:
+            return list(urls)
+        return await self._commit(urls)
 
     def used(self) -> int:
-        with self._lock:
-            (used,) = self._db().execute("SELECT used FROM budget WHERE id = 1").fetchone()
-            return int(used)
+        """How many URLs were charged for (blocking: for tools and tests)."""
+        if not self._path.exists():
+            return 0
+        with sqlite3.connect(self._path) as db:
+            (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
+        db.close()
+        return int(used)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-            self._write_lock.close()
+    async def aclose(self) -> None:
+        await self._commit.close(self._close)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        self._write_lock.close()

@@ -17,6 +17,7 @@ from typing import Any
 from ..app import App
 from ..backends import Backend
 from ..context import FETCHER, POLITENESS, Context
+from ..errors import ConfigError
 from ..retry import Retry
 from ..tasks import Task
 from ..types import JSON
@@ -44,7 +45,8 @@ WARC_DIR = "warc"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CrawlSettings:
-    """`max_pages` caps the URLs a crawl ever admits (seeds included). Errors whose reason
+    """`max_pages` caps the distinct URLs a crawl ever admits (seeds included, over every run
+    of it). Errors whose reason
     is in `retry_reasons` are retried per `retry` and then dead-lettered; the others are
     recorded and the page is done."""
 
@@ -60,6 +62,10 @@ class CrawlSettings:
     lease: float = 60.0
     max_file_bytes: int = DEFAULT_FILE_BYTES
     queue: str = "crawl"
+
+    def __post_init__(self) -> None:
+        if self.max_pages is not None and self.max_pages < 1:
+            raise ConfigError(f"max_pages must be at least 1, got {self.max_pages}")
 
 
 @dataclass(kw_only=True)
@@ -136,20 +142,20 @@ class Crawl:
 
     async def seed(self, urls: Iterable[str]) -> int:
         """Schedules the seeds not yet queued or seen; returns how many were added."""
-        elements: list[JSON] = []
+        seeds: list[str] = []
         for url in urls:
             canonical = canonicalize(url)
             if canonical is None:
                 raise FetchError(Reason.OUT_OF_SCOPE, url, "not an absolute http(s) URL")
             if self.settings.scope.refusal(canonical) is None:
-                elements.append({"url": canonical, "depth": 0})
+                seeds.append(canonical)
         backend = await self.app.backend()  # first: its first use schedules `_seeds` too
-        granted = await self.budget.reserve(len(elements))
-        self._seeds.extend(elements[:granted])  # before the schedule: it may find a restart
+        admitted = await self.budget.admit(seeds)
+        elements: list[JSON] = [{"url": url, "depth": 0} for url in admitted]
+        self._seeds.extend(elements)  # before the schedule: it may find a restart
         result = await self.app.aschedule_many(
-            self.task, elements[:granted], only_if_new=True, backend=backend
+            self.task, elements, only_if_new=True, backend=backend
         )
-        await self.budget.refund(granted - result.added)
         return result.added
 
     async def _seed_again(self, backend: Backend) -> None:
@@ -179,7 +185,7 @@ class Crawl:
 
     async def aclose(self) -> None:
         await self.app.aclose()
-        self.budget.close()
+        await self.budget.aclose()
 
     # -- one page ---------------------------------------------------------------------------
 
@@ -270,13 +276,12 @@ class Crawl:
             for link in links
             if link not in known and link not in exclude and scope.refusal(link) is None
         ]
-        granted = await self.budget.reserve(len(wanted))
-        if not granted:
+        admitted = await self.budget.admit(wanted)
+        if not admitted:
             return 0
-        elements: list[JSON] = [{"url": link, "depth": depth} for link in wanted[:granted]]
+        elements: list[JSON] = [{"url": link, "depth": depth} for link in admitted]
         result = await ctx.schedule_many(self.task, elements, only_if_new=True)
-        await self.budget.refund(granted - result.added)
-        self._known.add(ctx.backend, known, wanted[:granted])
+        self._known.add(ctx.backend, known, admitted)
         return result.added
 
 
