@@ -20,6 +20,9 @@ from crawlq.types import JSON, NEVER, Claimed, Failure, Limit, LimitRule, Mode, 
 
 from .helpers import ManualClock, claim, config, schedule, url
 
+#: `counts` of a queue with nothing in it, not even dead letters.
+NOTHING = {"total": 0, "due": 0, "delayed": 0, "running": 0, "dead": 0}
+
 
 def elements(claimed: Sequence[Claimed]) -> list[JSON]:
     return [json.loads(c.payload) for c in claimed]
@@ -377,13 +380,7 @@ async def test_ack_finishes_an_element(backend: Backend) -> None:
     await schedule(backend, "jobs", ["x"])
     taken = await claim(backend, "jobs")
     await backend.ack(taken)
-    assert await counts(backend, "jobs") == {
-        "total": 0,
-        "due": 0,
-        "delayed": 0,
-        "running": 0,
-        "dead": 0,
-    }
+    assert await counts(backend, "jobs") == NOTHING
 
 
 async def test_finish_writes_follow_ups_acks_and_failures(
@@ -500,6 +497,37 @@ async def test_ack_of_an_expired_but_not_rerun_element_finishes_it(
     assert (await counts(backend, "jobs"))["total"] == 0
 
 
+async def test_a_late_ack_does_not_undo_a_schedule_made_after_its_lease_expired(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A new schedule starts the element's attempts afresh, so the expired run's ack no
+    longer holds its lease: the revisit stays (SPEC 3.2: a schedule is never lost to a run
+    that started before it)."""
+    await schedule(backend, "jobs", ["revisit"])
+    taken = await claim(backend, "jobs", lease=5)
+    clock.advance(6)
+    await claim(backend, "logins")  # any claim returns expired leases
+    await schedule(backend, "jobs", ["revisit"], seconds=3600)
+    await backend.ack(taken)
+    info = await backend.element("jobs", '"revisit"')
+    assert info is not None
+    assert (info.state, info.due, info.attempts) == ("delayed", clock() + 3600, 0)
+
+
+async def test_a_dead_element_scheduled_anew_is_alive_again(backend: Backend) -> None:
+    """One element, one place: its dead letter goes when it is scheduled again (as re-queueing
+    it from the dead letters does), and a later success leaves no letter behind."""
+    await schedule(backend, "jobs", ["doomed"])
+    (first,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=first, error="gone")])
+    assert (await counts(backend, "jobs"))["dead"] == 1
+    await schedule(backend, "jobs", ["doomed"])
+    assert (await counts(backend, "jobs"))["dead"] == 0
+    assert await backend.dead_letters("jobs") == []
+    await backend.ack(await claim(backend, "jobs"))
+    assert await counts(backend, "jobs") == NOTHING
+
+
 async def test_release_returns_elements_at_once_without_counting_the_attempt(
     backend: Backend,
 ) -> None:
@@ -532,6 +560,18 @@ async def test_counts_per_queue_and_group(backend: Backend, clock: ManualClock) 
     assert a.next_start == clock() - 60 + 3
     names = [g.name for g in await backend.group_stats()]
     assert names == ["a.test", "b.test"]
+
+
+async def test_group_filters_read_globs_as_fnmatch_does(backend: Backend) -> None:
+    await schedule(backend, "pages", [url("a.test", 1), url("b.test", 1), url("^c.test", 1)])
+
+    async def names(pattern: str) -> list[str]:
+        return [g.name for g in await backend.group_stats(pattern)]
+
+    assert await names("[!a]*") == ["^c.test", "b.test"]
+    assert await names("[^a]*") == ["^c.test", "a.test"]  # "^" is a plain character
+    assert await names("[b-z].test") == ["b.test"]
+    assert await names("[a") == []  # an unclosed "[" is a plain "["
 
 
 async def test_one_element_can_be_looked_up_in_every_state(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import hmac
 import html
@@ -325,7 +326,8 @@ class Dashboard:
                 error = str(exc)
         group = None
         if found is not None and found.group:
-            stats = await self.backend.group_stats(found.group, limit=1, include_idle=True)
+            named = glob.escape(found.group)  # a group's own name, not a pattern
+            stats = await self.backend.group_stats(named, limit=1, include_idle=True)
             group = stats[0] if stats else None
         return self._render(
             request,

@@ -35,6 +35,7 @@ from ...types import (
 )
 from ..batch import merge
 from ..views import dead_element, live_element
+from .globs import sqlite_glob
 from .store import Store
 
 DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
@@ -277,6 +278,8 @@ class Engine:
             store.run("batch_touch_moved")
             moved = store.run("batch_move_queued", {"now": now}).rowcount
         added = store.run("batch_insert_new", {"now": now}).rowcount
+        if added and store.run("any_dead").fetchone()[0]:
+            store.run("batch_revive_dead")
         if added:
             store.run("batch_count_new_in_queues", {"now": now})
             store.run("batch_count_new_in_groups")
@@ -643,7 +646,7 @@ class Engine:
         return stats
 
     def group_stats(self, pattern: str, limit: int, include_idle: bool) -> list[GroupStats]:
-        params = {"pattern": pattern, "limit": limit, "all": int(include_idle)}
+        params = {"pattern": sqlite_glob(pattern), "limit": limit, "all": int(include_idle)}
         stats = []
         for name, queued, running, concurrency, interval, last, blocked, reason in self.store.run(
             "group_stats", params

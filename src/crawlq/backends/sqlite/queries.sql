@@ -41,9 +41,11 @@ SELECT queue_id, old_group FROM temp.batch
  WHERE old_state < 2 AND (mode = 0 OR (mode = 1 AND due < old_due));
 
 -- name: batch_move_queued
+-- A new schedule starts its attempts afresh (as one made while it ran does): a run whose lease
+-- expired before it then acks too late to finish it.
 UPDATE elements
    SET due = b.due, priority = b.priority, payload = b.payload, group_id = b.group_id,
-       state = CASE WHEN b.due > :now THEN 0 ELSE 1 END
+       state = CASE WHEN b.due > :now THEN 0 ELSE 1 END, attempts = 0
   FROM temp.batch b
  WHERE elements.id = b.old_id AND b.old_state < 2
    AND (b.mode = 0 OR (b.mode = 1 AND b.due < b.old_due));
@@ -52,6 +54,15 @@ UPDATE elements
 INSERT INTO elements (queue_id, h, key, payload, group_id, priority, due, state)
 SELECT queue_id, h, key, payload, group_id, priority, due, CASE WHEN due > :now THEN 0 ELSE 1 END
   FROM temp.batch WHERE old_id IS NULL;
+
+-- name: batch_revive_dead
+-- A dead element scheduled anew is alive again: its dead letter goes, as `requeue_dead` takes it.
+DELETE FROM dead WHERE id IN (
+    SELECT d.id FROM temp.batch b JOIN dead d ON d.queue_id = b.queue_id AND d.key = b.key
+     WHERE b.old_id IS NULL);
+
+-- name: any_dead
+SELECT EXISTS (SELECT 1 FROM dead);
 
 -- name: batch_count_new_in_queues
 UPDATE counts SET n = counts.n + c.n

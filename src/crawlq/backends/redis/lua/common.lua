@@ -672,6 +672,19 @@ end
 local ADDED, MOVED, KEPT, DEFERRED, SKIPPED = 1, 2, 3, 4, 5
 local OVERWRITE, ONLY_IF_EARLIER = 0, 1
 
+-- Queues with dead letters, as this call found them: {[queue] = bool}.
+local dead_queues
+
+-- A dead element scheduled anew is alive again: its dead letter goes, as `dead` takes it out.
+local function revive(queue, key)
+    local dead = qkey(queue, 'x')
+    if dead_queues[queue] == nil then dead_queues[queue] = redis.call('EXISTS', dead) == 1 end
+    if dead_queues[queue] and redis.call('HDEL', dead, key) == 1 then
+        redis.call('ZREM', qkey(queue, 'xo'), key)
+        count(queue, DEAD, -1)
+    end
+end
+
 -- One schedule: {queue, key, payload or false, group, due, priority, mode, digest (6 bytes),
 -- seen digest, seen bucket, revisit}; a queue with `seen` skips keys it finished unless asked
 -- to revisit them. Returns what happened (ADDED ... SKIPPED).
@@ -697,6 +710,7 @@ local function apply(item, touched)
         group_count(group, 'q', 1)
         save(queue, field, rec)
         grow(queue)
+        revive(queue, key)
         woken[queue] = true
         return ADDED
     end
@@ -717,6 +731,9 @@ local function apply(item, touched)
             group_count(group, 'q', 1)
         end
         rec[PAYLOAD], rec[GROUP], rec[DUE], rec[PRIORITY] = payload, group, due, priority
+        -- A new schedule starts its attempts afresh (as one made while it ran does): a run
+        -- whose lease expired before it then acks too late to finish it.
+        rec[ATTEMPTS] = 0
         place(queue, field, rec, touched)
         save(queue, field, rec)
         woken[queue] = true
@@ -739,5 +756,5 @@ local function begin(ARGV)
     GROUP_PREFIX = P .. 'g:'
     group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
     deltas, counted, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}, {}
-    queue_names, queue_configs, limit_rules = nil, {}, nil
+    queue_names, queue_configs, limit_rules, dead_queues = nil, {}, nil, {}
 end
