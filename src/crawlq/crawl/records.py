@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -48,15 +49,34 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 class JsonlWriter:
     """Appends lines with one write each to a file opened O_APPEND, so the lines of several
-    worker processes never interleave."""
+    worker processes never interleave (a nearly full disk may take part of a line: the rest
+    follows in more writes, or the write raises)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._unfinished = False  # a failed write left part of a line at the end
 
     def write(self, record: PageRecord) -> None:
-        os.write(self._fd, (record.to_json() + "\n").encode())
+        """Appends the record's line, whole, or raises. After a write that left part of a line,
+        the next one ends that part first, so its own line stands alone (readers skip the
+        part)."""
+        line = (record.to_json() + "\n").encode()
+        if self._unfinished:
+            line = b"\n" + line
+        rest = memoryview(line)
+        try:
+            while rest:
+                written = os.write(self._fd, rest)
+                if not written:
+                    raise OSError(errno.ENOSPC, f"{self.path}: nothing written")
+                rest = rest[written:]
+        finally:
+            if not rest:
+                self._unfinished = False
+            elif len(rest) < len(line):
+                self._unfinished = True
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -61,18 +61,31 @@ class RobotsCache:
 
     async def rules(self, url: str) -> Rules:
         key = origin(url)
-        cached = self._rules.get(key)
-        if cached is not None and cached.expires > self._clock():
-            self._rules.move_to_end(key)
-            return cached
-        pending = self._pending.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
+        while True:
+            cached = self._rules.get(key)
+            if cached is not None and cached.expires > self._clock():
+                self._rules.move_to_end(key)
+                return cached
+            pending = self._pending.get(key)
+            if pending is None:
+                return await self._load_for_all(key)
+            # Unlike awaiting it, waiting leaves `pending` alone when this task is cancelled.
+            await asyncio.wait([pending])
+            if not pending.cancelled():
+                return pending.result()
+            # The task fetching it was cancelled: one of those waiting fetches it instead.
+
+    async def _load_for_all(self, key: str) -> Rules:
+        """Loads `key`'s rules for this task and every one that asks meanwhile. If this task
+        is cancelled, so is the request (its lease or send slot may be gone): the others are
+        woken, and the first of them fetches robots.txt again, on its own slot."""
         future: asyncio.Future[Rules] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
             rules = await self._load(key)
-            future.set_result(rules)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved here, so a future nobody awaits stays quiet
@@ -82,6 +95,7 @@ class RobotsCache:
         self._rules[key] = rules
         if len(self._rules) > MAX_ORIGINS:
             self._rules.popitem(last=False)
+        future.set_result(rules)
         return rules
 
     async def _load(self, key: str) -> Rules:

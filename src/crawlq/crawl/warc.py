@@ -12,15 +12,17 @@ WARC-Target-URI, and the values of Set-Cookie, Cookie and Authorization headers.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import time
 import uuid
 import zlib
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from io import BytesIO, FileIO
 from pathlib import Path
-from typing import BinaryIO
 
 from warcio.archiveiterator import ArchiveIterator
 from warcio.warcwriter import WARCWriter
@@ -124,7 +126,12 @@ def warc_date(epoch: float) -> str:
 class RotatingWarcWriter:
     """Appends records to `<prefix>-<stamp>-<pid>-<n>.warc.gz` files, a new one after each
     reaches `max_file_bytes`. Each process and each run writes files of its own. Not thread
-    safe: one thread writes."""
+    safe: one thread writes.
+
+    Files are unbuffered: a record is in the file, whole, once `write` returns. A record that
+    fails halfway (a full disk) is cut back off, as a file ending in part of a gzip member
+    would hide every record after it from a sequential reader; if even that fails, the file
+    is left as it is and the next record starts a new one."""
 
     def __init__(
         self,
@@ -140,48 +147,95 @@ class RotatingWarcWriter:
         self.compress_level = compress_level
         self._run = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{os.getpid()}"
         self._sequence = 0
-        self._file: BinaryIO | None = None
+        self._file: FileIO | None = None
         self._name = ""
-        self._writer: WARCWriter | None = None
 
-    def _open(self) -> tuple[BinaryIO, WARCWriter]:
-        if self._file is None or self._writer is None:
+    def _open(self) -> FileIO:
+        if self._file is None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
+            name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
             self._sequence += 1
-            self._file = open(self.directory / self._name, "ab")  # noqa: SIM115 - kept open
-            self._writer = WARCWriter(self._file, gzip=True)
-            info = self._writer.create_warcinfo_record(
-                self._name, {"software": "crawlq", "format": "WARC File Format 1.1"}
-            )
-            self._writer.write_record(info)
-        return self._file, self._writer
+            path = self.directory / name
+            file = open(path, "ab", buffering=0)  # noqa: SIM115 - kept open
+            try:
+                _append(file, _warcinfo(name))
+            except BaseException:
+                _close_quietly(file)
+                path.unlink(missing_ok=True)
+                raise
+            self._file, self._name = file, name
+        return self._file
 
     def write(self, response: Response, *, flush: bool = True) -> RecordRef:
-        """Appends one record; `flush=False` leaves it in the file's buffer (call `flush()`
-        after a batch)."""
-        file, _ = self._open()
+        """Appends one record, whole, or raises and leaves the file as it was. `flush` is
+        kept for callers that batch: there is no buffer left to flush."""
+        file = self._open()
         compressor = zlib.compressobj(self.compress_level, zlib.DEFLATED, _GZIP_WBITS)
         member = compressor.compress(response_record(response))
         member += compressor.flush()
-        offset = file.tell()
-        file.write(member)
-        if flush:
-            file.flush()
+        try:
+            offset = _append(file, member)
+        except _Torn:
+            self._file = None  # the next record starts a new file
+            raise
         ref = RecordRef(file=self._name, offset=offset, length=len(member))
         if offset + len(member) >= self.max_file_bytes:
             self.close()
         return ref
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
+        """Nothing to do: every record is in its file once `write` returns."""
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = None
-        self._writer = None
+        """Closes the current file; the next record opens a new one even if closing fails."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+class _Torn(OSError):
+    """A record failed halfway and could not be cut back off: its file ends in part of it."""
+
+
+def _append(file: FileIO, data: bytes) -> int:
+    """Writes all of `data` at the end of `file` and returns where it starts; if that fails,
+    cuts back off what was written and raises the failure."""
+    offset = file.tell()
+    try:
+        _write_all(file, data)
+    except BaseException:
+        try:
+            os.ftruncate(file.fileno(), offset)
+            file.seek(offset)
+        except OSError as exc:
+            _close_quietly(file)
+            raise _Torn(exc.errno, f"{file.name}: cannot cut back a failed record") from exc
+        raise
+    return offset
+
+
+def _write_all(file: FileIO, data: bytes) -> None:
+    """Writes `data` through short writes, which a nearly full disk makes."""
+    view = memoryview(data)
+    while view:
+        written = file.write(view)
+        if not written:
+            raise OSError(errno.ENOSPC, f"{file.name}: nothing written")
+        view = view[written:]
+
+
+def _close_quietly(file: FileIO) -> None:
+    with suppress(OSError):
+        file.close()
+
+
+def _warcinfo(name: str) -> bytes:
+    """The warcinfo record that opens file `name`, as one gzip member."""
+    buffer = BytesIO()
+    writer = WARCWriter(buffer, gzip=True)
+    fields = {"software": "crawlq", "format": "WARC File Format 1.1"}
+    writer.write_record(writer.create_warcinfo_record(name, fields))
+    return buffer.getvalue()
 
 
 def read_record(directory: Path, ref: RecordRef) -> StoredResponse:

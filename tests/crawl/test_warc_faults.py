@@ -1,0 +1,140 @@
+"""The WARC writer on a disk that fills up: a failed write or close leaves every file
+readable and the writer able to go on once there is room again."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from warcio.archiveiterator import ArchiveIterator
+
+from crawlq.crawl import warc
+from crawlq.crawl.response import Response
+from crawlq.crawl.warc import RotatingWarcWriter, read_record
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+
+def page(n: int) -> Response:
+    body = f"<html><title>page {n}</title>{'x' * 500}</html>".encode()
+    return Response(
+        url=f"http://site.test/page/{n}",
+        status=200,
+        reason="OK",
+        http_version="HTTP/1.1",
+        headers=(("Content-Type", "text/html"),),
+        raw=body,
+        body=body,
+        fetched_at=1_700_000_000.0 + n,
+        elapsed=0.01,
+    )
+
+
+class Disk:
+    """What the next write or close of a WARC file meets."""
+
+    def __init__(self) -> None:
+        self.full = False  # a write stores half its bytes, the next one fails with ENOSPC
+        self.failing_closes = 0  # this many closes fail (after closing the file) with EIO
+
+    def open(self, path: Path, mode: str, **_: Any) -> DiskFile:
+        return DiskFile(self, path, mode)
+
+
+class DiskFile(io.FileIO):
+    def __init__(self, disk: Disk, path: Path, mode: str) -> None:
+        super().__init__(path, mode)
+        self.disk = disk
+        self.torn = False
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        if not self.disk.full:
+            return super().write(data)
+        if self.torn:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.torn = True
+        view = memoryview(data)
+        return super().write(view[: len(view) // 2])
+
+    def close(self) -> None:
+        super().close()
+        if self.disk.failing_closes:
+            self.disk.failing_closes -= 1
+            raise OSError(errno.EIO, "Input/output error")
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Disk:
+    disk = Disk()
+    monkeypatch.setattr(warc, "open", disk.open, raising=False)
+    return disk
+
+
+def urls_in(path: Path) -> list[str]:
+    with open(path, "rb") as file:
+        return [
+            record.rec_headers.get_header("WARC-Target-URI") or record.rec_type
+            for record in ArchiveIterator(file)
+        ]
+
+
+def test_a_failed_write_is_cut_back_off_and_later_records_stay_readable(
+    tmp_path: Path, disk: Disk
+) -> None:
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    first = writer.write(page(1))
+    disk.full = True
+    with pytest.raises(OSError, match="No space left"):
+        writer.write(page(2))
+    disk.full = False
+    third = writer.write(page(3))
+    writer.close()
+
+    assert third.file == first.file
+    assert urls_in(tmp_path / first.file) == [
+        "warcinfo",
+        "http://site.test/page/1",
+        "http://site.test/page/3",
+    ]
+    assert read_record(tmp_path, third).url == "http://site.test/page/3"
+
+
+def test_a_failed_close_lets_the_next_record_open_a_new_file(tmp_path: Path, disk: Disk) -> None:
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1)  # every record rotates
+    disk.failing_closes = 1
+    with pytest.raises(OSError, match="Input/output error"):
+        writer.write(page(1))
+    second = writer.write(page(2))
+    third = writer.write(page(3))
+    writer.close()
+
+    assert second.file != third.file
+    assert read_record(tmp_path, second).url == "http://site.test/page/2"
+    assert urls_in(tmp_path / third.file) == ["warcinfo", "http://site.test/page/3"]
+
+
+def test_a_failed_write_that_cannot_be_cut_back_moves_on_to_a_new_file(
+    tmp_path: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cannot_truncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    first = writer.write(page(1))
+    disk.full = True
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "ftruncate", cannot_truncate)
+        with pytest.raises(OSError, match="cannot cut back"):
+            writer.write(page(2))
+    disk.full = False
+    third = writer.write(page(3))
+    writer.close()
+
+    assert third.file != first.file
+    assert urls_in(tmp_path / third.file) == ["warcinfo", "http://site.test/page/3"]
+    assert read_record(tmp_path, first).url == "http://site.test/page/1"
