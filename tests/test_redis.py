@@ -88,6 +88,27 @@ def test_bad_namespaces_are_refused() -> None:
         open_backend("redis://127.0.0.1:1/0?namespace=a{b}")
 
 
+async def test_a_machine_whose_clock_is_off_schedules_by_the_servers(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scripts judge due times by Redis's clock; one scheduled "now" on a machine 30 s fast
+    waited 30 s. The backend reads the server's time on connecting and schedules by it."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 30)
+    backend = open_backend(f"{redis_server.url}?namespace=skew")
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("jobs")])
+        await schedule(backend, "jobs", ["now"])
+        taken = await claim(backend, "jobs")
+        now = backend.now()
+    finally:
+        await backend.close()
+    assert [c.payload for c in taken] == ['"now"']
+    assert abs(now - real()) < 5
+    assert "clock is 30.0 s ahead of Redis's" in caplog.text
+
+
 async def test_namespaces_keep_queues_apart(redis_server: RedisServer) -> None:
     one = open_backend(f"{redis_server.url}?namespace=one")
     two = open_backend(f"{redis_server.url}?namespace=two")

@@ -119,8 +119,9 @@ class RedisBackend:
         self._url, namespace = split_namespace(url)
         self.url = redact(url)
         # Scripts use the server's clock unless one is given; `now()` is then this machine's
-        # reading of about the same time, for what is computed here (due times, retries).
-        self.now = clock or time.time
+        # reading of about the same time, for what is computed here (due times, retries),
+        # corrected by the skew seen on connecting (restarts.py).
+        self.now = clock or self._server_now
         self._clock = clock
         self.namespace = namespace
         self.prefix = "{" + namespace + "}:"
@@ -222,6 +223,9 @@ class RedisBackend:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    def _server_now(self) -> float:
+        return time.time() + self._restarts.offset
 
     @property
     def epoch(self) -> int:

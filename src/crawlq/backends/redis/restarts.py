@@ -8,11 +8,19 @@ gone. Every connection, on connecting, reads the server's `run_id`, which each s
 redis-server draws anew (a replica promoted by a failover has its own too): a new one after the
 first bumps `epoch`, and such memory is only good within one epoch. A connection that broke
 and came back to the same run (a network blip) leaves the epoch alone.
+
+The same reply tells the server's time. Scripts judge due times, intervals and leases by the
+server's clock (one clock for every machine), but a due time is computed where it is scheduled:
+on a machine whose clock is 30 s fast, an element scheduled "now" waited 30 s. So `offset`
+is the server's clock minus this machine's, once they disagree by over SKEW_TOLERANCE, and
+the backend's `now()` adds it. (Closer clocks are left alone: the reading is only good to
+half a round trip, and "now" must not land a hair in the server's future.)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
@@ -20,11 +28,16 @@ from redis.exceptions import ResponseError
 log = logging.getLogger("crawlq.redis")
 
 
+#: Seconds the clocks may disagree before `now()` follows the server's.
+SKEW_TOLERANCE = 0.25
+
+
 class RestartWatch:
     def __init__(self) -> None:
         self.run_id: bytes | None = None
         self.epoch = 0
         self.watching = True
+        self.offset = 0.0  # the server's clock minus ours, when over SKEW_TOLERANCE
 
     async def on_connect(self, connection: AbstractConnection) -> None:
         """redis-py's `redis_connect_func`: its own handshake, then the server's run."""
@@ -32,8 +45,11 @@ class RestartWatch:
         if not self.watching:
             return
         try:
+            asked = time.time()
             await connection.send_command("INFO", "server", check_health=False)
-            run = run_id(await connection.read_response())
+            info = await connection.read_response()
+            self._read_clock(info, (asked + time.time()) / 2)
+            run = run_id(info)
         except ResponseError as exc:  # an ACL without INFO (@dangerous), a renamed command
             run, reason = None, str(exc)
         else:
@@ -52,12 +68,32 @@ class RestartWatch:
             self.epoch += 1
         self.run_id = run
 
+    def _read_clock(self, info: object, ours: float) -> None:
+        server = info_field(info, b"server_time_usec")
+        if server is None:
+            return
+        offset = int(server) / 1e6 - ours
+        offset = offset if abs(offset) > SKEW_TOLERANCE else 0.0
+        if offset and not self.offset:
+            log.warning(
+                "this machine's clock is %.1f s %s Redis's: crawlq schedules by Redis's clock",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+            )
+        self.offset = offset
+
 
 def run_id(info: object) -> bytes | None:
     """The `run_id` of an `INFO server` reply (bytes, or str when decoding is on)."""
+    return info_field(info, b"run_id")
+
+
+def info_field(info: object, name: bytes) -> bytes | None:
+    """A field of an `INFO` reply (bytes, or str when decoding is on)."""
     raw = info.encode() if isinstance(info, str) else info
     if isinstance(raw, bytes):
+        prefix = name + b":"
         for line in raw.splitlines():
-            if line.startswith(b"run_id:"):
-                return line[len(b"run_id:") :].strip()
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
     return None
