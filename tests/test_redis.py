@@ -109,6 +109,39 @@ async def test_a_machine_whose_clock_is_off_schedules_by_the_servers(
     assert "clock is 30.0 s ahead of Redis's" in caplog.text
 
 
+async def test_a_claim_whose_reply_was_lost_gets_it_when_sent_again(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks after the server ran the claim and before its reply arrived: the
+    claim is sent again, and returns what it leased rather than leasing more (the group of
+    one slot would look full, and the lost element wait out its lease)."""
+    backend = open_backend(f"{redis_server.url}?namespace=lost-reply")
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        await backend.set_limits([LimitRule(pattern="a.test", limit=Limit(concurrency=1))])
+        await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2)])
+        lanes: Any = backend._lanes  # type: ignore[attr-defined]
+        call, lost = lanes.call, list[Any]()
+
+        async def losing_the_first_claims_reply(command: bytes) -> Any:
+            reply = await call(command)
+            if b"_claim" in command and not lost:
+                lost.append(reply)
+                raise redis.exceptions.ConnectionError("connection reset by peer")
+            return reply
+
+        monkeypatch.setattr(lanes, "call", losing_the_first_claims_reply)
+        (first,) = await claim(backend, "pages")
+        await backend.ack([first])
+        (second,) = await claim(backend, "pages")
+    finally:
+        await backend.close()
+    assert lost
+    assert (first.payload, first.attempt) == (json.dumps(url("a.test", 1)), 1)
+    assert second.payload == json.dumps(url("a.test", 2))
+
+
 async def test_namespaces_keep_queues_apart(redis_server: RedisServer) -> None:
     one = open_backend(f"{redis_server.url}?namespace=one")
     two = open_backend(f"{redis_server.url}?namespace=two")

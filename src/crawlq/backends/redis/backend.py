@@ -7,6 +7,7 @@ lua/common.lua and docs/redis.md.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -244,7 +245,8 @@ class RedisBackend:
         """redis-py sends a command again when its connection breaks, but not when a new
         connection breaks in its handshake (a server going down or just coming up): such
         calls are tried again here, for up to RECONNECT_PATIENCE seconds in all. Running a
-        script twice is safe: each is idempotent or fenced by the lease."""
+        script twice is safe: each is idempotent or fenced by the lease, and a claim sent
+        again gets the reply it lost (claim.lua)."""
         started = time.monotonic()
         pause = 0.05
         while True:
@@ -256,13 +258,23 @@ class RedisBackend:
                 await asyncio.sleep(pause)
                 pause = min(MAX_RECONNECT_PAUSE, pause * 2)
 
-    async def _run(self, script: str, payload: Any, *extra: str) -> Any:
-        args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(payload), *extra]
+    async def _run(self, script: str, payload: Any, *extra: str, again: Any = None) -> Any:
+        """One operation; sent again after a broken connection, with `again` as its payload
+        if given."""
         lanes = self._lanes
         if lanes is None:
             raise BackendError(f"backend {self.url} is not open")
+        sent = 0
+
+        def call() -> Awaitable[Any]:
+            nonlocal sent
+            sent += 1
+            chosen = payload if sent == 1 or again is None else again
+            args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(chosen), *extra]
+            return scripts.call(lanes, script, [self._anchor], args)
+
         try:
-            return await self._patiently(lambda: scripts.call(lanes, script, [self._anchor], args))
+            return await self._patiently(call)
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
@@ -343,7 +355,12 @@ class RedisBackend:
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: float
     ) -> ClaimResult:
-        raw = await self._run("claim", [worker, limit, lease, *queues])
+        token = os.urandom(8)
+        raw = await self._run(
+            "claim",
+            [worker, limit, lease, token, False, *queues],
+            again=[worker, limit, lease, token, True, *queues],
+        )
         next_at, now, *rows = _unpacked(raw)
         elements = [
             Claimed(

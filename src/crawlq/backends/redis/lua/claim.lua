@@ -1,12 +1,23 @@
 -- claim: leases up to `limit` claimable elements of the given queues (SPEC 3.3, 3.4).
--- ARGV[3]: msgpack {worker, limit, lease, queues...}
+-- ARGV[3]: msgpack {worker, limit, lease, token, again, queues...}: `token` names this claim,
+--   `again` is true when the caller sends it again (its reply was lost with its connection).
 -- Returns msgpack {next_at or false, now, {queue, key, payload, group, priority, due, attempt,
 -- id}...}
+-- Keys beside the common ones: {ns}:claimed:<worker>, a string: the token and reply of the
+-- worker's last claim that took anything, for as long as a sender keeps trying (at most 60 s).
 local args = cmsgpack.unpack(ARGV[3])
-local worker, limit, lease = args[1], args[2], args[3]
+local worker, limit, lease, token, again = args[1], args[2], args[3], args[4], args[5]
 local queues = {}
-for i = 4, #args do
+for i = 6, #args do
     if queue_config(args[i]) then table.insert(queues, args[i]) end
+end
+
+-- A claim sent again gets the reply it lost, not more elements: those it leased are this
+-- worker's, and no one would run them until their leases ran out.
+local last_claim = P .. 'claimed:' .. worker
+if again then
+    local last = redis.call('GET', last_claim)
+    if last and string.sub(last, 1, #token) == token then return string.sub(last, #token + 1) end
 end
 
 -- 1. leases that expired go back to their queue and free their group's slot
@@ -208,4 +219,8 @@ if #result - 2 < limit then
     end
 end
 wake()
-return cmsgpack.pack(result)
+local reply = cmsgpack.pack(result)
+if #result > 2 then
+    redis.call('SET', last_claim, token .. reply, 'PX', math.ceil(math.min(lease, 60) * 1000))
+end
+return reply
