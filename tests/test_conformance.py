@@ -121,6 +121,27 @@ async def test_repeats_inside_one_batch_apply_in_order(
     assert elements(await claim(backend, "jobs")) == ["x"]
 
 
+async def test_a_batch_adding_only_if_new_then_moving_only_if_earlier_does_both_in_order(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """The move applies to an element that was there already, not to one the add made: as
+    two calls, so as one batch (a worker sends its tasks' follow-ups together)."""
+    await schedule(backend, "jobs", ["there"], seconds=100)
+    await backend.schedule(
+        [
+            prepare(config("jobs"), name, due=clock() + 50, mode=Mode.ONLY_IF_NEW)
+            for name in ("there", "new")
+        ]
+        + [
+            prepare(config("jobs"), name, due=clock() + 90, mode=Mode.ONLY_IF_EARLIER)
+            for name in ("there", "new")
+        ]
+    )
+    there, new = await backend.element("jobs", '"there"'), await backend.element("jobs", '"new"')
+    assert there is not None and new is not None
+    assert (there.due, new.due) == (clock() + 90, clock() + 50)
+
+
 # -- 2. an element that is running is never started twice -------------------------------------
 
 

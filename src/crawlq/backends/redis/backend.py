@@ -329,8 +329,15 @@ class RedisBackend:
     async def schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
         if not items:
             return ScheduleResult()
+        result = ScheduleResult()
+        for round_ in merge(items):  # one call each (nearly always one)
+            result += await self._schedule_once(round_)
+        return result
+
+    async def _schedule_once(self, merged: Sequence[Schedule]) -> ScheduleResult:
+        """A batch holding each element once."""
         batch = []
-        for item in merge(items).values():
+        for item in merged:
             batch.append(
                 [
                     item.queue,

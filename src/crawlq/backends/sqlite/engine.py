@@ -227,13 +227,19 @@ class Engine:
         return {self._queues[name].id for name in {item.queue for item in items}}
 
     def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
-        merged = merge(items)
+        result = ScheduleResult()
+        for round_ in merge(items):
+            result += self._schedule_once(round_)
+        return result
+
+    def _schedule_once(self, merged: Sequence[Schedule]) -> ScheduleResult:
+        """A batch holding each element once."""
         now = self.clock()
         rules: list[LimitRule] = []
-        queues = {name: self._queue(name) for name in {item.queue for item in merged.values()}}
+        queues = {name: self._queue(name) for name in {item.queue for item in merged}}
         groups = self._groups
         rows = []
-        for item in merged.values():
+        for item in merged:
             queue = queues[item.queue]
             if queue is None:
                 raise UnknownQueue(item.queue)
