@@ -391,7 +391,7 @@ local function resolve(group)
             rule.glob = flat[i]
             table.insert(limit_rules, rule)
         end
-        table.sort(limit_rules, function(a, b) return a.glob < b.glob end)
+        table.sort(limit_rules, function(a, b) return before(a.glob, b.glob) end)
     end
     local best = nil
     for _, rule in ipairs(limit_rules) do
