@@ -46,6 +46,8 @@ CLAIM_BATCH = 100
 MAX_OUTAGE_PAUSE = 5.0
 #: Claims in a row given back because each found Redis restarted; the next one runs as is.
 MAX_RESTARTED_CLAIMS = 3
+#: The pause before writing finished elements again after the backend refused them.
+FLUSH_RETRY_PAUSE = 1.0
 
 
 @dataclass(kw_only=True)
@@ -55,6 +57,7 @@ class WorkerStats:
     dead: int = 0
     released: int = 0
     lapsed: int = 0  # cancelled: the lease ran out before the task finished
+    unrecorded: int = 0  # finished, but never written at the stop: they run again
     by_queue: dict[str, int] = field(default_factory=dict)
 
 
@@ -105,14 +108,24 @@ class Worker:
         self._failures: list[Failure] = []
         self._flush_wanted = asyncio.Event()
         self._closing = False
+        self._closing_deadline = 0.0  # monotonic time the final writes are given up at
         self._flushes = 0
         self._flushing = False
         self._metrics = worker_metrics()
 
     def stop(self) -> None:
-        """Graceful stop: claim nothing more, let running tasks finish within the grace period."""
+        """Graceful stop: claim nothing more, let running tasks finish within the grace period.
+        Called again (a second Ctrl-C): hurry, running tasks go back to the queue at once."""
         if self._stopping:
+            log.info("worker %s hurrying: running tasks go back to the queue now", self.id)
             self._hurry.set()
+        else:
+            log.info(
+                "worker %s stopping: %d running tasks get %gs to finish",
+                self.id,
+                len(self._inflight),
+                self.grace,
+            )
         self._stopping = True
         self._stop.set()
 
@@ -147,13 +160,14 @@ class Worker:
             # The flusher is never cancelled: a cancelled call can drop a write queued for the
             # backend's thread, and with it acks already taken from the buffer.
             self._closing = True
+            self._closing_deadline = time.monotonic() + self.grace
             self._flush_wanted.set()
             await flusher
             if self._watchdog is not None:
                 self._watchdog.cancel()
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
-            await backend.unregister_worker(self.id)
+            await self._unregister(backend)
             await listener.close()
             await self.app.close_shared()
             log.info("worker %s stopped: %s", self.id, self.stats)
@@ -393,16 +407,53 @@ class Worker:
         self._flush_wanted.set()
 
     async def _flusher(self, backend: Backend) -> None:
-        """Writes finished elements in batches, until the worker closes and all is written."""
+        """Writes finished elements in batches, until the worker closes and all is written, or
+        the writes still fail once closing is past its deadline or hurried."""
         while not (self._closing and not self._acks and not self._failures):
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
                 await self._flush(backend)
             except Exception:
+                if self._closing and self._past_closing_deadline():
+                    self._give_up_writes()
+                    return
                 log.exception("worker %s could not record finished elements; retrying", self.id)
-                await asyncio.sleep(1)
+                await self._flush_retry_pause()
                 self._flush_wanted.set()
+
+    def _past_closing_deadline(self) -> bool:
+        return self._hurry.is_set() or time.monotonic() >= self._closing_deadline
+
+    async def _flush_retry_pause(self) -> None:
+        if self._closing:  # a second stop ends the retries at once
+            await self._wait_any([self._hurry], FLUSH_RETRY_PAUSE)
+        else:
+            await asyncio.sleep(FLUSH_RETRY_PAUSE)
+
+    def _give_up_writes(self) -> None:
+        """At-least-once: elements never acknowledged, or never failed, are still leased to
+        this worker in the queue, which gives them out again once their leases expire."""
+        acks, failures = len(self._acks), len(self._failures)
+        self.stats.unrecorded = acks + failures
+        log.exception(
+            "worker %s stopping: gave up recording %d finished and %d failed elements in the"
+            " backend; they run again once their leases expire (within %.0fs)",
+            self.id,
+            acks,
+            failures,
+            self.lease,
+        )
+
+    async def _unregister(self, backend: Backend) -> None:
+        """Best effort: a worker whose backend cannot be written leaves its registration to
+        lapse with its heartbeats."""
+        if self.stats.unrecorded:
+            return
+        try:
+            await backend.unregister_worker(self.id)
+        except BackendError as exc:
+            log.warning("worker %s could not unregister (%s)", self.id, exc)
 
     async def _flush(self, backend: Backend) -> None:
         acks, self._acks = self._acks, []
