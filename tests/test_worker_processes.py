@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ import crawlq
 from crawlq.backends import open_backend
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import JSON, GroupStats, QueueStats
+from crawlq.worker import supervisor
 
 from .apps.record import peak_overlap, read_events
 from .conftest import BACKENDS, backend_url
@@ -343,3 +346,108 @@ def test_a_redis_restart_mid_run_loses_no_element(tmp_path: Path, kill: bool) ->
         assert worker.returncode == 0, output
     finally:
         server.remove()
+
+
+def test_one_ctrl_c_at_the_terminal_lets_each_process_finish_its_tasks(tmp_path: Path) -> None:
+    """A Ctrl-C at a terminal signals its whole foreground process group: each child of
+    `--processes` must get one stop (running tasks get the grace period), not two (hurry)."""
+    env = make_env(f"sqlite:///{tmp_path / 'queue.db'}", tmp_path)
+    app = env.app()
+    with app:
+        app.schedule_many("hold", [{"n": n, "seconds": 3} for n in range(2)])
+    parent = two_workers(env, "--grace", "60", "--log-level", "info", output=subprocess.PIPE)
+    wait_for(lambda: len({e["pid"] for e in env.events()}) == 2, what="a task in each process")
+    os.killpg(parent.pid, signal.SIGINT)  # as a terminal does
+    output = finish(parent)
+    assert parent.returncode == 0, output
+    assert "hurrying" not in output, output
+    assert sorted(e["element"]["n"] for e in env.events() if e["event"] == "end") == [0, 1]
+    with app:
+        assert queue_stats(app, "hold").total == 0
+
+
+def test_a_stop_during_the_restart_pause_starts_no_process_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child is killed; while the parent waits to start it again, it is told to stop: it
+    stops the other child and starts none."""
+    env = make_env(f"sqlite:///{tmp_path / 'queue.db'}", tmp_path)
+    app = env.app()
+    with app:
+        app.schedule_many("hold", [{"n": n} for n in range(2)])  # each held for an hour
+    for name in ("CRAWLQ_BACKEND", "CRAWLQ_RECORD", "PYTHONPATH"):
+        monkeypatch.setenv(name, env.vars[name])
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(supervisor, "RESTART_PAUSE", 600.0)
+    pausing = threading.Event()
+
+    class Restarts(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "starting it again" in record.getMessage():
+                pausing.set()
+
+    def kill_one_then_stop() -> None:
+        wait_for(lambda: len({e["pid"] for e in env.events()}) == 2, what="two processes")
+        os.kill(env.events()[0]["pid"], signal.SIGKILL)
+        if pausing.wait(120):
+            os.kill(os.getpid(), signal.SIGTERM)  # reaches the parent: this process
+
+    handler = Restarts()
+    logging.getLogger("crawlq.supervisor").addHandler(handler)
+    helper = threading.Thread(target=kill_one_then_stop)
+    helper.start()
+    try:
+        started = time.monotonic()
+        code = supervisor.supervise([APP, "-c", "1", "--grace", "0"], 2, restart=True)
+        stopped_after = time.monotonic() - started
+    finally:
+        helper.join()
+        logging.getLogger("crawlq.supervisor").removeHandler(handler)
+    assert code == -signal.SIGKILL
+    assert stopped_after < 120, "it waited out the pause"
+    assert [e["event"] for e in env.events()] == ["start", "start"]  # nothing started again
+    with app:
+        stats = queue_stats(app, "hold")
+        assert (stats.total, stats.running) == (2, 1)  # the killed one's lease runs on
+
+
+def test_the_children_of_a_parent_killed_outright_stop_too(tmp_path: Path) -> None:
+    """Children run out of the terminal's reach (sessions of their own): a parent killed with
+    SIGKILL, which forwards nothing, must not leave them running."""
+    env = make_env(f"sqlite:///{tmp_path / 'queue.db'}", tmp_path)
+    app = env.app()
+    with app:
+        app.schedule_many("hold", [{"n": n} for n in range(2)])  # each held for an hour
+    parent = two_workers(env, "--grace", "0")
+    wait_for(lambda: len({e["pid"] for e in env.events()}) == 2, what="a task in each process")
+    children = {e["pid"] for e in env.events()}
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: not any(map(alive, children)), what="the children to stop")
+    with app:
+        assert queue_stats(app, "hold").running == 0  # each gave its element back
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def two_workers(
+    env: Env, *options: str, output: int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    """`crawlq worker APP -p 2 -c 1 OPTIONS` in a session of its own, as a terminal starts
+    a command (its Ctrl-C then signals the whole group)."""
+    command = [sys.executable, "-m", "crawlq", "worker", APP, "-p", "2", "-c", "1", *options]
+    return subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env.vars,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )

@@ -9,13 +9,21 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
-from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR
+from crawlq.backends import Backend
+from crawlq.cli import crawl as cli_crawl
+from crawlq.crawl import progress
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.records import read_records
+from crawlq.crawl.settings import Timeouts
 from crawlq.crawl.store import WarcStore
-from crawlq.crawl.testing import Site, SyntheticWeb
+from crawlq.crawl.testing import Site, SyntheticWeb, respond
 from crawlq.crawl.testing.sites import page_html
+from crawlq.errors import BackendError
+
+from .conftest import crawl_settings, fetch_settings
 
 PAGES = 20
 GUARD = 60.0  # seconds: only a failing test ever waits this long
@@ -123,3 +131,87 @@ async def test_killed_then_the_same_command_finishes_the_crawl(tmp_path: Path) -
     done = {str(r["url"]) for r in read_records(tmp_path / PAGES_FILE) if r["status"] == 200}
     assert done == set(net.page_urls("site.test"))
     assert gate.served >= PAGES
+
+
+def linked_page(request: web.Request, pages: int) -> web.Response:
+    number = int(request.path.rsplit("/", 1)[1])
+    links = [f"/page/{n}" for n in (number + 1, 2 * number + 1, 2 * number + 2) if n < pages]
+    return web.Response(text=page_html(f"page {number}", links), content_type="text/html")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_the_summary_counts_pages_errors_and_throttled_alike_in_one_or_more_processes(
+    tmp_path: Path, processes: int
+) -> None:
+    """Six pages: one throttled once (then fetched), one too large (an error not retried): five
+    pages fetched, one error, one throttled, whatever the number of processes."""
+    asked = Counter[str]()
+
+    async def throttled_once(request: web.Request) -> web.StreamResponse:
+        asked[request.path] += 1
+        if asked[request.path] == 1:
+            return web.Response(status=429, text="slow down", headers={"Retry-After": "1"})
+        return linked_page(request, 6)
+
+    site = Site(name="site.test", pages=6)
+    site.routes = {"/page/1": throttled_once, "/page/3": respond(200, "x" * 100_000)}
+    async with SyntheticWeb([site]) as net:
+        process = await run_crawl(
+            net,
+            tmp_path,
+            "--max-bytes",
+            "50000",
+            "--concurrency-per-domain",
+            "1",  # one page at a time: only the page that got the 429 is throttled
+            "--processes",
+            str(processes),
+        )
+        stderr = await finish(process)
+    assert process.returncode == 0, stderr
+    assert "5 pages (" in stderr and ", 1 errors, 0 dead" in stderr, stderr
+    assert "done: 5 pages fetched, 1 errors, 1 throttled this run" in stderr, stderr
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_a_failing_progress_display_stops_alone_and_the_crawl_finishes(
+    tmp_path: Path,
+    processes: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The display's first snapshot fails (the backend cannot be read); a page is held until
+    then, so the crawl is still running when the display fails, and then finishes."""
+    failed = asyncio.Event()
+    real_snapshot = progress.snapshot
+
+    async def snapshot(crawl: Crawl, backend: Backend) -> progress.Snapshot:
+        if not failed.is_set():
+            failed.set()
+            raise BackendError("the queue cannot be read")
+        return await real_snapshot(crawl, backend)
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        await failed.wait()
+        return linked_page(request, 4)
+
+    monkeypatch.setattr(progress, "snapshot", snapshot)
+    site = Site(name="site.test", pages=4)
+    site.routes = {"/page/1": held}
+    async with SyntheticWeb([site]) as net:
+        seeds = (net.url("site.test"),)
+        # The held page waits for the display's first snapshot, 5 s in: it must not time out.
+        fetch = fetch_settings(net, timeouts=Timeouts(connect=5, read=GUARD, total=GUARD))
+        crawl = Crawl(crawl_settings(net, tmp_path, fetch=fetch))
+        if processes == 1:
+            running = cli_crawl._crawl(crawl, seeds, 10, 5.0, True)
+        else:
+            command = [*seeds, "--out", str(tmp_path), "--resolve-only", "--processes", "2"]
+            command += ["--resolve", f"site.test={net.addresses['site.test']}"]
+            command += ["--allow-network", "127.0.0.0/8"]
+            monkeypatch.setattr(sys, "argv", ["crawlq", "crawl", *command])
+            running = cli_crawl._supervise(crawl, seeds, processes, True)
+        await asyncio.wait_for(running, GUARD)
+    assert "progress display stopped (the crawl goes on)" in caplog.text
+    assert "BackendError: the queue cannot be read" in caplog.text
+    assert "done: 4 pages fetched, 0 errors, 0 throttled this run" in capsys.readouterr().err

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,10 +17,14 @@ from ..errors import ConfigError
 from .common import log_level_option, setup_logging
 
 if TYPE_CHECKING:
-    from ..crawl.crawler import Crawl
+    from ..crawl.crawler import Crawl, CrawlStats
     from ..crawl.progress import Snapshot
 
+log = logging.getLogger("crawlq.crawl")
+
 CHILD = "CRAWLQ_CRAWL_CHILD"
+#: How often a child process reports its counts to the parent.
+REPORT_INTERVAL = 0.5
 
 
 def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -42,7 +47,12 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--include", multiple=True, help="Follow only URLs matching one such regex.")
 @click.option("--exclude", multiple=True, help="Never follow URLs matching this regex.")
-@click.option("--max-pages", type=int, default=None, help="Admit at most this many URLs in all.")
+@click.option(
+    "--max-pages",
+    type=int,
+    default=None,
+    help="Admit at most this many distinct URLs, over every run of the crawl.",
+)
 @click.option("--depth", type=int, default=None, help="Follow links this many hops from a seed.")
 @click.option(
     "--concurrency-per-domain", default=2, show_default=True, help="Requests at once per host."
@@ -181,36 +191,61 @@ def crawl(
 async def _crawl(
     crawl: Crawl, seeds: tuple[str, ...], concurrency: int, grace: float, progress: bool
 ) -> None:
-    from ..crawl.progress import render, show_progress, snapshot
+    from ..crawl.progress import render, snapshot
     from ..worker import Worker
+    from ..worker.supervisor import end_with_parent
 
     worker = Worker(
         crawl.app, burst=True, burst_horizon=300.0, concurrency=concurrency, grace=grace
     )
     worker.install_signal_handlers()
+    end_with_parent()
+    child = CHILD in os.environ
     live = sys.stderr.isatty()
     shown = None
-    if progress:
-        shown = asyncio.create_task(
-            show_progress(crawl, sys.stderr, interval=0.5 if live else 5.0, live=live),
-            name="crawlq-progress",
-        )
     try:
+        # First: it opens the backend, which a display started meanwhile would open twice.
         await crawl.seed(seeds)
-        stats = await worker.run()
+        if child:
+            shown = asyncio.create_task(_report_counts(crawl.stats), name="crawlq-counts")
+        elif progress:
+            shown = asyncio.create_task(_show_progress(crawl, live), name="crawlq-progress")
+        await worker.run()
         final = await snapshot(crawl, await crawl.app.backend())
     finally:
-        if shown is not None:
-            shown.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await shown
+        await _end(shown)
         await crawl.aclose()
-    if CHILD in os.environ:
-        return  # the parent process sums up
+    if child:
+        _report(crawl.stats)  # the parent sums up
+        return
     if live and progress:
         sys.stderr.write("\n")
     click.echo(render(final), err=True)
-    _summary(crawl, final, f"{stats.done} pages this run, {stats.failed} failures")
+    _summary(crawl, final, _this_run(crawl.stats))
+
+
+async def _show_progress(crawl: Crawl, live: bool) -> None:
+    """The progress display: when it fails (the backend cannot be read), it stops, the crawl
+    goes on."""
+    from ..crawl.progress import show_progress
+
+    try:
+        await show_progress(crawl, sys.stderr, interval=0.5 if live else 5.0, live=live)
+    except Exception as exc:
+        log.warning("progress display stopped (the crawl goes on): %s: %s", type(exc).__name__, exc)
+
+
+async def _end(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _this_run(stats: CrawlStats) -> str:
+    return (
+        f"{stats.pages} pages fetched, {stats.errors} errors, {stats.throttled} throttled this run"
+    )
 
 
 def _summary(crawl: Crawl, final: Snapshot, this_run: str) -> None:
@@ -223,74 +258,77 @@ def _summary(crawl: Crawl, final: Snapshot, this_run: str) -> None:
     )
 
 
-class _PagesTail:
-    """Counts the page records every process appends to pages.jsonl since we started."""
+# -- several processes: a child reports its counts on its stdout, the parent sums them -----
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-        self.pages = self.errors = 0
+_COUNTED = ("pages", "errors", "throttled")
 
-    def read(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as file:
-            file.seek(self.offset)
-            chunk = file.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written waits for next time
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            if b'"error":null' in line:
-                self.pages += 1
-            else:
-                self.errors += 1
+
+def _report(stats: CrawlStats) -> None:
+    sys.stdout.write(json.dumps({name: getattr(stats, name) for name in _COUNTED}) + "\n")
+    sys.stdout.flush()
+
+
+async def _report_counts(stats: CrawlStats) -> None:
+    while True:
+        await asyncio.sleep(REPORT_INTERVAL)
+        _report(stats)
+
+
+class _ChildCounts:
+    """The latest counts each child process reported, summed into the parent's `stats`."""
+
+    def __init__(self, stats: CrawlStats) -> None:
+        self.stats = stats
+        self.latest: dict[int, dict[str, int]] = {}
+
+    async def read(self, slot: int, child: asyncio.subprocess.Process) -> None:
+        assert child.stdout is not None
+        async for line in child.stdout:
+            counts = _counts(line)
+            if counts is None:  # not a report: the child's own output
+                sys.stdout.buffer.write(line)
+                continue
+            self.latest[slot] = counts
+            for name in _COUNTED:
+                setattr(self.stats, name, sum(c[name] for c in self.latest.values()))
+
+
+def _counts(line: bytes) -> dict[str, int] | None:
+    try:
+        report = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(report, dict) or set(report) != set(_COUNTED):
+        return None
+    if not all(isinstance(value, int) for value in report.values()):
+        return None
+    return report
 
 
 async def _supervise(crawl: Crawl, seeds: tuple[str, ...], processes: int, progress: bool) -> None:
     """Seeds once, then runs this same command line in `processes` child processes (which
     share the queue, the page budget and the output folder) and shows their progress."""
-    from ..crawl.crawler import PAGES_FILE
     from ..crawl.progress import render, snapshot
+    from ..worker.supervisor import Children
 
-    tail = _PagesTail(crawl.out / PAGES_FILE)
     command = [sys.executable, "-m", "crawlq", *sys.argv[1:], "--no-progress"]
-    children: list[asyncio.subprocess.Process] = []
-    loop = asyncio.get_running_loop()
-
-    def forward(signum: int) -> None:
-        for child in children:
-            if child.returncode is None:
-                child.send_signal(signum)
-
+    children = Children(command, env_name=CHILD, stdout=asyncio.subprocess.PIPE)
+    counts = _ChildCounts(crawl.stats)
     live = sys.stderr.isatty()
+    shown = None
     try:
         await crawl.seed(seeds)
         backend = await crawl.app.backend()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, forward, sig)
-        for number in range(processes):
-            env = {**os.environ, CHILD: str(number)}
-            children.append(await asyncio.create_subprocess_exec(*command, env=env))
-        waiting = asyncio.ensure_future(asyncio.gather(*(c.wait() for c in children)))
-        width = 0
-        while not waiting.done():
-            await asyncio.wait([waiting], timeout=0.5 if live else 5.0)
-            tail.read()
-            crawl.stats.pages, crawl.stats.errors = tail.pages, tail.errors
-            if progress and not waiting.done():
-                line = render(await snapshot(crawl, backend))
-                sys.stderr.write(("\r" + line.ljust(width)) if live else line + "\n")
-                sys.stderr.flush()
-                width = len(line)
-        codes = waiting.result()
+        async with children.forwarding():
+            started = await asyncio.gather(*(children.spawn(n) for n in range(processes)))
+            running = [(n, child) for n, child in enumerate(started) if child is not None]
+            if progress:
+                shown = asyncio.create_task(_show_progress(crawl, live), name="crawlq-progress")
+            await asyncio.gather(*(counts.read(n, child) for n, child in running))
+            codes = [await child.wait() for _, child in running]
         final = await snapshot(crawl, backend)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        for child in children:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
+        await _end(shown)
         await crawl.aclose()
     if live and progress:
         sys.stderr.write("\n")
@@ -299,6 +337,6 @@ async def _supervise(crawl: Crawl, seeds: tuple[str, ...], processes: int, progr
     _summary(
         crawl,
         final,
-        f"{tail.pages} pages and {tail.errors} errors this run in {processes} processes"
+        f"{_this_run(crawl.stats)} in {processes} processes"
         + (f", {failed} of which exited with an error" if failed else ""),
     )

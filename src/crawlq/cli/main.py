@@ -17,6 +17,7 @@ from ..identity import parse_json
 from ..observe.logs import configure as configure_logging
 from ..types import JSON, ScheduleResult
 from ..worker import DEFAULT_CONCURRENCY, Worker, supervise
+from ..worker.supervisor import end_with_parent
 from .common import (
     Group,
     app_option,
@@ -93,6 +94,7 @@ def worker(
             app, queues=list(queues) or None, concurrency=concurrency, burst=burst, grace=grace
         )
         runner.install_signal_handlers()
+        end_with_parent()
         try:
             result = await runner.run()
         finally:
