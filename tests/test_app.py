@@ -24,6 +24,16 @@ async def run_burst(app: App, **options: Any) -> crawlq.worker.WorkerStats:
     return await crawlq.Worker(app, burst=True, burst_horizon=5, **options).run()
 
 
+async def test_tasks_asking_for_the_backend_at_once_share_one(app: App) -> None:
+    """A crawl's seeding and its progress display both ask first: two backends on one file
+    fought over its write lock ("database is locked"), and one was never closed."""
+    try:
+        backends = await asyncio.gather(*(app.backend() for _ in range(5)))
+    finally:
+        await app.aclose()
+    assert len({id(backend) for backend in backends}) == 1
+
+
 async def test_async_and_sync_tasks_schedule_follow_ups(app: App) -> None:
     seen: list[tuple[str, Any, str]] = []
 

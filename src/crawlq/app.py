@@ -88,6 +88,7 @@ class App:
         self.tasks: dict[str, Task[Any]] = {}
         self.limit_rules: dict[str, LimitRule] = {}
         self._backends: dict[asyncio.AbstractEventLoop, Backend] = {}
+        self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._ready: dict[Backend, int] = {}  # the backends published to, at which epoch
         self._publishers: list[Callable[[Backend], Awaitable[object]]] = []
         self._portal = Portal()
@@ -190,9 +191,13 @@ class App:
         loop = asyncio.get_running_loop()
         backend = self._backends.get(loop)
         if backend is None:
-            backend = open_backend(self.url, clock=self.clock)
-            await backend.open()
-            self._backends[loop] = backend
+            # Tasks asking at once (a crawl's seeding and its progress display) share one.
+            async with self._opening.setdefault(loop, asyncio.Lock()):
+                backend = self._backends.get(loop)
+                if backend is None:
+                    backend = open_backend(self.url, clock=self.clock)
+                    await backend.open()
+                    self._backends[loop] = backend
         await self.published(backend)
         return backend
 
@@ -246,6 +251,7 @@ class App:
     async def aclose(self) -> None:
         await self.close_shared()
         loop = asyncio.get_running_loop()
+        self._opening.pop(loop, None)
         backend = self._backends.pop(loop, None)
         if backend is not None:
             self._ready.pop(backend, None)
