@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import PeakRSS
+from crawlq.crawl.politeness import MAX_PACING_MARGIN, PACING_MARGIN
 
 ROBOTS = "User-agent: *\nDisallow: /page/13\n"
 DISALLOWED = "/page/13"
@@ -474,7 +475,7 @@ Notes:
   interval: it reserves its send time in the backend, after the last request any worker
   reserved and after this worker's own last send; the server's arrival stamps lag by a few
   milliseconds when many requests land at once, and without the margin that showed as
-  intervals of 0.499 s. The margin costs about 0.2 s over the polite crawl's
+  intervals of 0.499 s. The margin costs about {MARGIN_COST:g} s over the polite crawl's
   20 intervals at most (the polite crawl's time against its lower bound is in the table).
 - A request can reach a host just after its 429/503 was answered and before the crawler has
   read that answer (up to 4 are in flight per host); those are counted as violations too,
@@ -489,7 +490,9 @@ Notes:
 {END}"""
 
 
-PACING = "by 2% of the interval (at most 10 ms)"
+PACING = f"by {PACING_MARGIN:.0%} of the interval (at most {MAX_PACING_MARGIN * 1000:g} ms)"
+#: What the margin adds to the polite crawl's 20 intervals of 0.5 s.
+MARGIN_COST = 20 * min(MAX_PACING_MARGIN, 0.5 * PACING_MARGIN)
 
 
 def _scrapy_version() -> str:

@@ -57,8 +57,8 @@ MAX_RETRY_AFTER = 24 * 3600.0
 MAX_PACING_WAIT = 2.0
 #: Requests are paced this much further apart (a fraction of the interval, at most
 #: MAX_PACING_MARGIN): the time from sending to the server's reading varies by milliseconds.
-PACING_MARGIN = 0.02
-MAX_PACING_MARGIN = 0.01
+PACING_MARGIN = 0.01
+MAX_PACING_MARGIN = 0.005
 #: A request at most this much later than its slot (and than half the margin, the other half
 #: being for the write itself to reach the server) goes on it; later, it takes the slot
 #: over at the current time or waits for a new one (`Slot`).
