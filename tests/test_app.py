@@ -104,6 +104,29 @@ async def test_a_permanent_failure_is_dead_lettered_at_once(app: App) -> None:
     assert (letter.attempts, letter.error) == (1, "Permanent: 404 for page 3")
 
 
+async def test_an_element_back_past_its_last_attempt_is_dead_with_the_reason(app: App) -> None:
+    """Its last attempt's worker was lost (the lease expired), or max_attempts was lowered
+    since: it is dead-lettered without running, and the letter says why."""
+    ran: list[int] = []
+
+    @app.task(group=None, max_attempts=1, lease=0.01)
+    async def once(ctx: Context, n: int) -> None:
+        ran.append(ctx.attempt)
+
+    await app.aschedule(once, 1)
+    backend = await app.backend()
+    await backend.claim(["once"], worker="lost", limit=1, lease=0.01)  # and never settled
+    await asyncio.sleep(0.05)  # past that lease: the next claim takes the element back
+    stats = await run_burst(app)
+    (letter,) = await backend.dead_letters("once")
+    await app.aclose()
+    assert ran == []
+    assert stats.dead == 1
+    assert letter.error is not None and "attempt 2 is past the task's max_attempts (1)" in (
+        letter.error
+    )
+
+
 async def test_a_task_that_recovers_is_done(app: App) -> None:
     @app.task(group=None, retry=FAST_RETRY)
     async def recovers(ctx: Context, n: int) -> None:

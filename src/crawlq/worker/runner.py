@@ -368,7 +368,12 @@ class Worker:
         task = self.tasks[claimed.queue]
         policy = task.options.retry
         if claimed.attempt > policy.max_attempts:
-            self._fail(claimed, "lease expired on the last attempt (worker lost)", "", None)
+            reason = (
+                f"attempt {claimed.attempt} is past the task's max_attempts "
+                f"({policy.max_attempts}): the last one's lease expired (its worker was lost), "
+                "or max_attempts was lowered"
+            )
+            self._fail(claimed, reason, "", None)
             return "dead"
         deadline = asyncio.timeout(None)
         try:
