@@ -21,12 +21,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 SUFFIX = "-writer"
 #: Seconds a writer waits for its turn before it says so (then again each as long).
 LONG_WAIT = 30.0
 
 log = logging.getLogger("crawlq.writelock")
+
+
+def open_shared(path: Path, schema: str, *, timeout: float = 30) -> sqlite3.Connection:
+    """A SQLite file beside the queue that several processes write in turn (a results store,
+    a page budget): its folder made, WAL, synced as the queue's own file (NORMAL), no implicit
+    transactions (writers use `WriteLock.transaction`), `schema` run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(
+        path, timeout=timeout, isolation_level=None, check_same_thread=False
+    )
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.executescript(schema)
+    return connection
 
 
 @contextlib.contextmanager

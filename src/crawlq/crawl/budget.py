@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 from ..groupcommit import GroupCommit
 from ..identity import key_hash
-from ..writelock import WriteLock
+from ..writelock import WriteLock, open_shared
 
 BUDGET_FILE = "budget.sqlite"
 #: URLs looked up in one query (SQLite's default limit of bound parameters is 999).
 LOOKUP_BATCH = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS budget (id INTEGER PRIMARY KEY, used INTEGER);
+CREATE TABLE IF NOT EXISTS charged (digest INTEGER PRIMARY KEY);
+INSERT OR IGNORE INTO budget (id, used) VALUES (1, 0);
+"""
 
 
 class PageBudget:
@@ -38,18 +45,7 @@ class PageBudget:
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(
-                self._path, timeout=30, isolation_level=None, check_same_thread=False
-            )
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")  # as the queue's own file
-            connection.execute(
-                "CREATE TABLE IF NOT EXISTS budget (id INTEGER PRIMARY KEY, used INTEGER)"
-            )
-            connection.execute("CREATE TABLE IF NOT EXISTS charged (digest INTEGER PRIMARY KEY)")
-            connection.execute("INSERT OR IGNORE INTO budget (id, used) VALUES (1, 0)")
-            self._connection = connection
+            self._connection = open_shared(self._path, _SCHEMA)
         return self._connection
 
     def _admit_all(self, batches: list[Sequence[str]]) -> list[list[str]]:
@@ -94,9 +90,8 @@ class PageBudget:
         """How many URLs were charged for (blocking: for tools and tests)."""
         if not self._path.exists():
             return 0
-        with sqlite3.connect(self._path) as db:
+        with closing(sqlite3.connect(self._path)) as db:
             (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
-        db.close()
         return int(used)
 
     async def aclose(self) -> None:

@@ -46,9 +46,8 @@ WARC_DIR = "warc"
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CrawlSettings:
     """`max_pages` caps the distinct URLs a crawl ever admits (seeds included, over every run
-    of it). Errors whose reason
-    is in `retry_reasons` are retried per `retry` and then dead-lettered; the others are
-    recorded and the page is done."""
+    of it). Errors whose reason is in `retry_reasons` are retried per `retry` and then
+    dead-lettered; the others are recorded and the page is done."""
 
     out: Path
     scope: Scope = field(default_factory=Scope)

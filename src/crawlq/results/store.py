@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..types import JSON
-from ..writelock import WriteLock, immediate
+from ..writelock import WriteLock, immediate, open_shared
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
@@ -96,14 +96,7 @@ class ResultsStore:
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(
-                self.path, timeout=60, isolation_level=None, check_same_thread=False
-            )
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.executescript(_SCHEMA)
-            self._connection = connection
+            self._connection = open_shared(self.path, _SCHEMA, timeout=60)
         return self._connection
 
     def close(self) -> None:

@@ -284,9 +284,9 @@ class Engine:
             store.run("batch_touch_moved")
             moved = store.run("batch_move_queued", {"now": now}).rowcount
         added = store.run("batch_insert_new", {"now": now}).rowcount
-        if added and store.run("any_dead").fetchone()[0]:
-            store.run("batch_revive_dead")
         if added:
+            if store.run("any_dead").fetchone()[0]:
+                store.run("batch_revive_dead")
             store.run("batch_count_new_in_queues", {"now": now})
             store.run("batch_count_new_in_groups")
         pairs = set(store.run("batch_ready_pairs", {"now": now}).fetchall())
