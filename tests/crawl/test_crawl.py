@@ -252,3 +252,17 @@ async def test_a_user_task_fetches_politely_through_its_context(tmp_path: Path) 
     assert outcomes[net.url("a.test", "/busy")] == "throttled"
     assert len(waits) == 1 and 3500 < waits[0] < 3610
     assert group.blocked_until is not None and group.block_reason == "503 Retry-After 3600"
+
+
+async def test_the_synthetic_web_serves_more_sites_than_one_address_block_holds() -> None:
+    sites = [Site(name=f"s{n}.test", pages=1) for n in range(300)]
+    async with SyntheticWeb(sites) as net:
+        addresses = [net.addresses[site.name] for site in sites]
+        assert len(set(addresses)) == 300
+        assert addresses[253:255] == ["127.0.1.254", "127.0.2.1"]
+        reader, writer = await asyncio.open_connection(addresses[299], net.ports["s299.test"])
+        writer.write(b"GET /page/0 HTTP/1.1\r\nHost: s299.test\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert [(hit.host, hit.path) for hit in net.hits] == [("s299.test", "/page/0")]

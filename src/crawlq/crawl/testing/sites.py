@@ -1,8 +1,9 @@
-"""A synthetic web: many sites, each on its own loopback address (127.0.1.1, 127.0.1.2...),
-so each is its own politeness group; a static resolve map lets names like site1.test reach
-them. Pages link to each other (every page reachable from /page/0), robots.txt, latency,
-injected errors and custom routes per site; every request is logged with its arrival and
-end time, so tests and benchmarks can check politeness from the server's side.
+"""A synthetic web: many sites, each on its own loopback address (127.0.1.1, 127.0.1.2...,
+127.0.1.254, then 127.0.2.1...), so each is its own politeness group; a static resolve map
+lets names like site1.test reach them. Pages link to each other (every page reachable from
+/page/0), robots.txt, latency, injected errors and custom routes per site; every request is
+logged with its arrival and end time, so tests and benchmarks can check politeness from the
+server's side.
 
 What is stamped (epoch seconds, `time.time()` in the server's event loop):
 - `Hit.at`, the arrival: the kernel's receive time (SO_TIMESTAMPNS) of the first bytes of
@@ -19,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import ipaddress
 import socket
 import struct
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -272,6 +274,15 @@ class _StampedSite(web.SockSite):
         await super().stop()
 
 
+def site_addresses(first: str) -> Iterator[str]:
+    """Consecutive addresses from `first`, leaving out those ending in .0 and .255."""
+    address = ipaddress.IPv4Address(first)
+    while True:
+        if address.packed[3] not in (0, 255):
+            yield str(address)
+        address += 1
+
+
 class SyntheticWeb:
     """`async with SyntheticWeb([Site(name="a.test"), ...]) as net:`; then `net.url(name,
     path)`, `net.resolve` (for FetchSettings), `net.hits`."""
@@ -310,8 +321,8 @@ class SyntheticWeb:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        for index, name in enumerate(self.sites):
-            address = ".".join(str(p) for p in (*FIRST_ADDRESS[:3], self.first_address + index))
+        first = ".".join(str(p) for p in (*FIRST_ADDRESS[:3], self.first_address))
+        for name, address in zip(self.sites, site_addresses(first), strict=False):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((address, 0))
