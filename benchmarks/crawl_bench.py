@@ -2,6 +2,7 @@
 
     python -m benchmarks.crawl_bench --write BENCHMARKS.md [--json FILE]
         [--configs throughput,polite,errors] [--crawlers crawlq,scrapy] [--processes N]
+    python -m benchmarks.crawl_bench --configs scale --crawlers crawlq   # 200,000 pages
 
 Each (configuration, crawler) pair gets a fresh `SyntheticWeb` in a server process of its
 own (so both crawlers meet the same injected errors), the crawler as a subprocess whose
@@ -13,8 +14,8 @@ request log:
   requests count, they are requests too); a robots.txt-disallowed path requested (robots);
   a request arriving at a host after a 429/503 with Retry-After and before that time
   (Retry-After, measured from when the server answered);
-- coverage: pages answered 200 over the pages a polite crawler may fetch (all but the
-  disallowed one per site);
+- coverage: pages answered 200 over the pages a polite crawler may fetch (all but those
+  robots.txt disallows: /page/13, and /page/130 to /page/139 on sites that have them);
 - pages/s: those pages over the span from the first request's arrival to the last answer;
 - CPU seconds (user + system of the crawler's processes) and peak RSS (summed over its
   process tree, sampled every 0.2 s).
@@ -48,7 +49,13 @@ from benchmarks.common import PeakRSS
 from crawlq.crawl.politeness import MAX_PACING_MARGIN, PACING_MARGIN
 
 ROBOTS = "User-agent: *\nDisallow: /page/13\n"
-DISALLOWED = "/page/13"
+DISALLOWED = "/page/13"  # a prefix, as robots.txt rules are: /page/130 to /page/139 too
+
+
+def disallowed(path: str) -> bool:
+    return path.startswith(DISALLOWED)
+
+
 BEGIN, END = "<!-- crawl-bench:begin -->", "<!-- crawl-bench:end -->"
 COMMAND = "python -m benchmarks.crawl_bench --write BENCHMARKS.md"
 CRAWLERS = ("crawlq", "scrapy")
@@ -81,8 +88,8 @@ class Config:
 
     @property
     def expected(self) -> int:
-        disallowed = 1 if self.pages > int(DISALLOWED.rsplit("/", 1)[1]) else 0
-        return self.sites * (self.pages - disallowed)
+        allowed = sum(not disallowed(f"/page/{n}") for n in range(self.pages))
+        return self.sites * allowed
 
     @property
     def lower_bound(self) -> float:
@@ -108,7 +115,11 @@ CONFIGS = {
         retry_after=1,
         concurrency=200,
     ),
+    # Not in the issue's set (nor in a default run): does the rate hold as a crawl grows?
+    "scale": Config(name="scale", sites=1000, pages=200, latency=0.05, per_domain=4, delay=0.0),
 }
+ISSUE_CONFIGS = ("throughput", "polite", "errors")
+SLICES = 5  # the span cut in this many, for the rate in each
 
 
 # -- the server process -------------------------------------------------------------------
@@ -235,18 +246,19 @@ def judge(config: Config, hits: list[list[Any]]) -> dict[str, Any]:
             if status in (429, 503) and ra is not None and ra.isdigit()
         ]
         for path, at, _ended, status, _ra in rows:
-            if path == DISALLOWED:
+            if disallowed(path):
                 robots += 1
             if any(start < at < until for start, until in pauses):
                 retry_after_early += 1
                 if not any(start + RACE < at < until for start, until in pauses):
                     retry_after_race += 1
-            if status == 200 and path.startswith("/page/"):
+            if status == 200 and path.startswith("/page/") and not disallowed(path):
                 covered.add((host, path))
     starts = [h[2] for h in hits]
     ends = [h[3] if h[3] is not None else h[2] for h in hits]
     span = (max(ends) - min(starts)) if hits else 0.0
     pages = len(covered)
+    answered = [ended for host, path, _at, ended, status, _ra in hits if status == 200]
     return {
         "requests": len(hits),
         "pages": pages,
@@ -254,6 +266,7 @@ def judge(config: Config, hits: list[list[Any]]) -> dict[str, Any]:
         "coverage": pages / config.expected,
         "span": span,
         "pages_per_s": pages / span if span > 0 else 0.0,
+        "slice_rates": slice_rates(answered, min(starts, default=0.0), span),
         "violations": {
             "concurrency": concurrency,
             "interval": interval,
@@ -263,6 +276,19 @@ def judge(config: Config, hits: list[list[Any]]) -> dict[str, Any]:
         "retry_after_within_race": retry_after_race,
         "min_gap": min_gap,
     }
+
+
+def slice_rates(ends: list[float | None], start: float, span: float) -> list[float]:
+    """Answers a second in each of SLICES equal parts of the span: a rate that sags as the
+    queue grows shows here."""
+    if span <= 0:
+        return []
+    width = span / SLICES
+    counts = [0] * SLICES
+    for end in ends:
+        if end is not None:
+            counts[min(SLICES - 1, int((end - start) / width))] += 1
+    return [count / width for count in counts]
 
 
 # -- running one crawler ------------------------------------------------------------------
@@ -521,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
         serve(Config(**json.loads(args[1])), Path(args[2]), Path(args[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(ISSUE_CONFIGS), help=",".join(CONFIGS))
     parser.add_argument("--crawlers", default=",".join(CRAWLERS))
     parser.add_argument("--processes", type=int, default=1, help="crawlq crawl --processes")
     parser.add_argument("--write", type=Path, help="update this file's crawl section")
