@@ -114,6 +114,33 @@ async def test_retry_after_blocks_the_host_and_no_request_arrives_before_that_ti
     assert len(records_by_url(tmp_path)) == 4
 
 
+async def test_a_page_its_host_keeps_throttling_is_dead_lettered_after_its_attempts(
+    tmp_path: Path,
+) -> None:
+    """Each 429 is an attempt, each retry waits out its Retry-After; the crawl then ends."""
+    refuse = respond(429, "slow down", headers={"Retry-After": "1"})
+    site = Site(name="a.test", pages=3, routes={"/page/1": refuse})
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, concurrency_per_domain=1))
+        stats = await crawl.run([net.url("a.test")])
+        backend = await crawl.app.backend()
+        (dead,) = await backend.dead_letters("crawl")
+        await crawl.app.aclose()
+    refused = [h for h in net.hits_for("a.test") if h.path == "/page/1"]
+    assert len(refused) == FAST_RETRY.max_attempts == 3
+    for before, after in itertools.pairwise(refused):
+        assert before.ended is not None and after.at >= before.ended + 1.0
+    assert (stats.dead, crawl.stats.throttled, dead.attempts) == (1, 3, 3)
+    assert "429 Retry-After 1" in dead.error
+    records = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [(r["status"], r["error"], r["retry"]) for r in records] == [
+        (429, "throttled", True),
+        (429, "throttled", True),
+        (429, "throttled", False),
+    ]
+    assert len(records_by_url(tmp_path)) == 3
+
+
 async def test_repeated_server_errors_back_the_host_off_then_the_page_is_dead_lettered(
     tmp_path: Path,
 ) -> None:

@@ -208,10 +208,18 @@ class Crawl:
             )
         except Throttled as exc:
             ref = await _store_all(store, exc.responses)
+            self.stats.throttled += 1
+            if exc.answered:
+                # The server answered 429/503: an attempt, as an error is, or a host that
+                # refuses for good would have the page back forever (its group stays blocked
+                # in the queue until Retry-After, so the retry waits for that too).
+                retry_left = not self.settings.retry.exhausted(ctx.attempt)
+                records.write(_error_record(base, exc, ref, started, retry=retry_left))
+                raise
+            # Held back before sending: no attempt spent.
             await ctx.schedule(
                 self.task, element, seconds=max(0.0, exc.until - time.time()), revisit=True
             )
-            self.stats.throttled += 1
             records.write(_error_record(base, exc, ref, started, retry=True))
             return
         except FetchError as exc:

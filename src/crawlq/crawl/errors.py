@@ -86,10 +86,19 @@ class FetchError(CrawlqError):
 
 
 class Throttled(FetchError):
-    """The server asked for a pause: its group is blocked until `until` (epoch seconds)."""
+    """Not now: its group is blocked until `until` (epoch seconds). `answered`: the server
+    said so (429/503 with Retry-After); otherwise the page was held back before sending (its
+    host paused, or its turn too far off)."""
 
     def __init__(
-        self, url: str, until: float, detail: str, *, responses: Sequence[Response] = ()
+        self,
+        url: str,
+        until: float,
+        detail: str,
+        *,
+        responses: Sequence[Response] = (),
+        answered: bool = False,
     ) -> None:
         super().__init__(Reason.THROTTLED, url, detail, responses=responses)
         self.until = until
+        self.answered = answered

@@ -406,7 +406,9 @@ class Fetcher:
                         session.client, method, current, parsed, data, headers, budget
                     )
             except Throttled as exc:
-                raise Throttled(exc.url, exc.until, exc.detail, responses=history) from exc
+                raise Throttled(
+                    exc.url, exc.until, exc.detail, responses=history, answered=exc.answered
+                ) from exc
             except FetchError as exc:
                 raise FetchError(exc.reason, exc.url, exc.detail, responses=history) from exc
             response = _with_history(response, history)

@@ -349,7 +349,7 @@ class Politeness:
         if until is not None:
             reason = f"{response.status} Retry-After {response.header('Retry-After') or '-'}"
             await self.block(last_group, until, reason)
-            raise Throttled(response.url, until, reason, responses=response.chain)
+            raise Throttled(response.url, until, reason, responses=response.chain, answered=True)
         if response.status >= 500:
             await self.failed(last_group, f"HTTP {response.status}")
         else:
