@@ -15,6 +15,7 @@ import pytest
 
 from crawlq.backends import Backend, open_backend
 from crawlq.errors import ConfigError, InvalidElement, UnknownQueue
+from crawlq.limits import DEFAULT_LIMIT
 from crawlq.tasks import prepare
 from crawlq.types import JSON, NEVER, Claimed, Failure, Limit, LimitRule, Mode, QueueConfig
 
@@ -316,6 +317,39 @@ async def test_most_specific_limit_pattern_wins(backend: Backend) -> None:
     await schedule(backend, "pages", [url("small.test", i) for i in range(5)])
     groups = sorted(c.group for c in await claim(backend))
     assert groups == ["big.test"] * 3 + ["small.test"]
+
+
+async def test_a_rule_for_one_host_changes_that_group_only_and_globs_still_reach_it(
+    backend: Backend,
+) -> None:
+    """Exact rules (a crawl sets one for each Crawl-delay) are kept apart from the globs: each
+    change still gives every group the limit the most specific matching rule says."""
+
+    async def limits() -> dict[str, Limit]:
+        return {g.name: g.limit for g in await backend.group_stats(include_idle=True)}
+
+    hosts = [f"h{n}.test" for n in range(5)]
+    for host in hosts:
+        await schedule(backend, "pages", [url(host)])
+    await backend.set_limits([LimitRule(pattern="h2.test", limit=Limit(concurrency=1, interval=3))])
+    assert await limits() == {h: DEFAULT_LIMIT for h in hosts} | {
+        "h2.test": Limit(concurrency=1, interval=3)
+    }
+    await backend.set_limits([LimitRule(pattern="h*.test", limit=Limit(concurrency=2))])
+    assert await limits() == {h: Limit(concurrency=2) for h in hosts} | {
+        "h2.test": Limit(concurrency=1, interval=3)
+    }
+    await schedule(backend, "pages", [url("h9.test")])  # a new group: resolved the same way
+    await backend.set_limits([LimitRule(pattern="h9.test", limit=Limit(concurrency=5))])
+    assert (await limits())["h9.test"] == Limit(concurrency=5)
+    assert await backend.delete_limit("h2.test")
+    assert not await backend.delete_limit("h2.test")
+    assert await limits() == {h: Limit(concurrency=2) for h in hosts} | {
+        "h9.test": Limit(concurrency=5)
+    }
+    assert {r.pattern for r in await backend.limits()} == {"*", "h*.test", "h9.test"}
+    assert await backend.delete_limit("h*.test")
+    assert await limits() == {h: DEFAULT_LIMIT for h in hosts} | {"h9.test": Limit(concurrency=5)}
 
 
 async def test_no_group_means_no_limit(backend: Backend) -> None:

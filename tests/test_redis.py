@@ -420,7 +420,7 @@ async def test_a_namespace_of_another_layout_is_refused_untouched(
     client = redis.Redis.from_url(redis_server.url)
     client.set("{older}:version", "1")
     client.hset("{older}:q:5:pages:e", "x" * 8, "a record of layout 1")
-    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 6"):
+    with pytest.raises(BackendError, match="layout 1; this crawlq reads layout 7"):
         await open_backend(f"{redis_server.url}?namespace=older").open()
     stored: Any = client.hget("{older}:q:5:pages:e", "x" * 8)  # typed "awaitable or value"
     assert stored == b"a record of layout 1"

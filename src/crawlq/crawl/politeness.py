@@ -41,7 +41,7 @@ from typing import Any
 from ..backends import Backend
 from ..errors import BackendError
 from ..grouping import url_host
-from ..limits import resolve
+from ..limits import RuleIndex
 from ..types import Limit, LimitRule
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
 from .fetcher import Fetcher
@@ -220,7 +220,8 @@ class Politeness:
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
         self.put_back = 0  # requests still late after MAX_SLOT_TRIES: not sent, put back
-        self._limits: list[LimitRule] | None = None
+        self._limits: RuleIndex | None = None
+        self._reading: asyncio.Future[RuleIndex] | None = None
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
         self._epoch = backend.epoch
@@ -228,16 +229,31 @@ class Politeness:
     async def interval(self, group: str) -> float:
         """The group's interval: its limit rule (read again every LIMITS_TTL seconds), or the
         Crawl-delay this worker set, whichever is longer."""
-        now = time.monotonic()
-        if self._limits is None or now - self._limits_read > LIMITS_TTL:
-            self._limits = await self.backend.limits()
-            self._limits_read = now
-            self._intervals.clear()
+        rules = await self._rules()
         interval = self._intervals.get(group)
         if interval is None:
-            interval = max(resolve(group, self._limits).interval, self._delays.get(group, 0.0))
+            interval = max(rules.resolve(group).interval, self._delays.get(group, 0.0))
             self._intervals[group] = interval
         return interval
+
+    async def _rules(self) -> RuleIndex:
+        """The limit rules, read again every LIMITS_TTL seconds, once for all the tasks that
+        ask meanwhile (at the start of a crawl, every task asks at once)."""
+        if self._limits is not None and time.monotonic() - self._limits_read <= LIMITS_TTL:
+            return self._limits
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_rules())
+        reading = self._reading
+        return await asyncio.shield(reading)
+
+    async def _read_rules(self) -> RuleIndex:
+        try:
+            self._limits = RuleIndex(await self.backend.limits())
+            self._limits_read = time.monotonic()
+            self._intervals.clear()
+            return self._limits
+        finally:
+            self._reading = None
 
     async def pace(self, group: str, url: str, fetcher: Fetcher | None = None) -> Slot | Unpaced:
         """Waits until `group`'s interval has passed since the last request to it that any
@@ -374,7 +390,7 @@ class Politeness:
             return
         self._delays[group] = seconds
         self._intervals.pop(group, None)
-        rule = _raised(group, seconds, await self.backend.limits())
+        rule = _raised(group, seconds, await self._rules())
         if rule is not None:
             await self.backend.set_limits([rule])
 
@@ -392,7 +408,7 @@ class Politeness:
         old, self._epoch = self._epoch, self.backend.epoch
         self._limits = None
         try:
-            rules = await self.backend.limits()
+            rules = RuleIndex(await self.backend.limits())
             raised = [rule for g, s in self._delays.items() if (rule := _raised(g, s, rules))]
             if raised:
                 await self.backend.set_limits(raised)
@@ -414,10 +430,10 @@ class Politeness:
             await self.block(group, self.clock() + pause, reason)
 
 
-def _raised(group: str, seconds: float, rules: list[LimitRule]) -> LimitRule | None:
+def _raised(group: str, seconds: float, rules: RuleIndex) -> LimitRule | None:
     """A rule of its own that raises `group`'s interval to a Crawl-delay of `seconds`, if the
     rules give it less."""
-    current = resolve(group, rules)
+    current = rules.resolve(group)
     if current.interval >= seconds:
         return None
     limit = Limit(concurrency=current.concurrency, interval=seconds)

@@ -57,7 +57,7 @@ DEFAULT_NAMESPACE = "crawlq"
 SEEN_BUCKETS = 1 << 18
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
@@ -488,9 +488,10 @@ class RedisBackend:
     # -- limits and blocks --------------------------------------------------------------------
 
     async def limits(self) -> list[LimitRule]:
-        stored = await self._call(lambda: self.client.hgetall(self.prefix + "limits"))
+        globs = await self._call(lambda: self.client.hgetall(self.prefix + "limits"))
+        exact = await self._call(lambda: self.client.hgetall(self.prefix + "lx"))
         rules = []
-        for pattern, raw in stored.items():
+        for pattern, raw in {**globs, **exact}.items():
             _, _, _, concurrency, interval = _unpacked(raw)
             limit = Limit(concurrency=concurrency or None, interval=float(interval))
             rules.append(LimitRule(pattern=pattern.decode(), limit=limit))

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from ...errors import UnknownQueue
 from ...identity import key_hash
-from ...limits import UNLIMITED, resolve
+from ...limits import UNLIMITED, is_exact, resolve_indexed
 from ...types import (
     NEVER,
     Attempt,
@@ -116,14 +117,12 @@ class Engine:
             queue = self._queues[name] = _Queue(row[0], bool(row[3]))
         return queue
 
-    def _group_id(self, name: str, rules: list[LimitRule]) -> int:
+    def _group_id(self, name: str, rules: _Rules) -> int:
         group_id = self._groups.get(name)
         if group_id is None:
             group_id = self.store.value("group_by_name", {"name": name})
             if group_id is None:
-                if not rules:
-                    rules.extend(self._limit_rules())
-                limit = resolve(name, rules)
+                limit = rules.resolve(name)
                 group_id = self.store.value(
                     "group_insert",
                     {"name": name, "concurrency": limit.concurrency, "interval": limit.interval},
@@ -143,12 +142,6 @@ class Engine:
                 "group_name", {"group_id": group_id}
             )
         return name
-
-    def _limit_rules(self) -> list[LimitRule]:
-        return [
-            LimitRule(pattern=p, limit=Limit(concurrency=c, interval=i))
-            for p, c, i in self.store.run("limits_all")
-        ]
 
     # -- frontier upkeep -------------------------------------------------------------------
 
@@ -235,7 +228,7 @@ class Engine:
     def _schedule_once(self, merged: Sequence[Schedule]) -> ScheduleResult:
         """A batch holding each element once."""
         now = self.clock()
-        rules: list[LimitRule] = []
+        rules = _Rules(self.store)
         queues = {name: self._queue(name) for name in {item.queue for item in merged}}
         groups = self._groups
         rows = []
@@ -568,7 +561,7 @@ class Engine:
     # -- limits and blocks ----------------------------------------------------------------
 
     def limits(self) -> list[LimitRule]:
-        return self._limit_rules()
+        return _rules_of(self.store.run("limits_all"))
 
     def set_limits(
         self, rules: Sequence[LimitRule], delete: str | None = None
@@ -587,10 +580,11 @@ class Engine:
                         "interval": rule.limit.interval,
                     },
                 )
-            current = self._limit_rules()
+            current = _Rules(self.store)
             changed: set[int] = set()
-            for group_id, name, concurrency, interval in self.store.run("groups_all").fetchall():
-                limit = resolve(name, current)
+            patterns = [rule.pattern for rule in rules] + ([delete] if delete else [])
+            for group_id, name, concurrency, interval in self._groups_matching(patterns):
+                limit = current.resolve(name)
                 if (limit.concurrency, limit.interval) != (concurrency, interval):
                     params = {
                         "group_id": group_id,
@@ -601,10 +595,26 @@ class Engine:
                     changed.add(group_id)
             return deleted, self._wake_addresses(self._settle(set(), changed, now))
 
+    def _groups_matching(self, patterns: list[str]) -> list[tuple[int, str, int | None, float]]:
+        """The groups (id, name, concurrency, interval) whose limit rules `patterns` may change:
+        an exact pattern's group, found by name; for a glob, every group is matched."""
+        globs = [pattern for pattern in patterns if not is_exact(pattern)]
+        if globs:
+            return [
+                row
+                for row in self.store.run("groups_all").fetchall()
+                if any(fnmatchcase(row[1], glob) for glob in globs) or row[1] in patterns
+            ]
+        return [
+            row
+            for name in dict.fromkeys(patterns)
+            if (row := self.store.run("group_limit_by_name", {"name": name}).fetchone())
+        ]
+
     def block_group(self, group: str, until: float | None, reason: str | None) -> list[str]:
         with self.store.transaction():
             now = self.clock()
-            group_id = self._group_id(group, [])
+            group_id = self._group_id(group, _Rules(self.store))
             self.store.run(
                 "group_block",
                 {"group_id": group_id, "until": until, "reason": reason if until else None},
@@ -785,3 +795,24 @@ class Engine:
                 now,
             )
             return len(rows), self._wake_addresses([found.id])
+
+
+def _rules_of(rows: Iterable[tuple[str, int | None, float]]) -> list[LimitRule]:
+    return [LimitRule(pattern=p, limit=Limit(concurrency=c, interval=i)) for p, c, i in rows]
+
+
+class _Rules:
+    """The limit rules one transaction resolves groups with: the glob rules, read once, and
+    each group's own rule, read by name (a crawl may hold one for each of 100,000 hosts)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._globs: list[LimitRule] | None = None
+
+    def resolve(self, group: str) -> Limit:
+        if self._globs is None:
+            self._globs = _rules_of(self.store.run("limits_globs"))
+        own = None
+        if is_exact(group):
+            own = next(iter(_rules_of(self.store.run("limit_get", {"pattern": group}))), None)
+        return resolve_indexed(group, own, self._globs)

@@ -225,11 +225,20 @@ INSERT INTO send_times (name, at) VALUES (:name, :earliest)
 -- name: send_replace
 UPDATE send_times SET at = max(at, :earliest) WHERE name = :name AND at = :mine RETURNING at;
 
+-- name: group_limit_by_name
+SELECT id, name, concurrency, interval FROM groups WHERE name = :name;
+
 -- name: groups_all
 SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
 
 -- name: limits_all
 SELECT pattern, concurrency, interval FROM limits ORDER BY pattern;
+
+-- name: limits_globs
+SELECT pattern, concurrency, interval FROM limits WHERE pattern GLOB '*[*?[]*';
+
+-- name: limit_get
+SELECT pattern, concurrency, interval FROM limits WHERE pattern = :pattern;
 
 -- name: limit_set
 INSERT INTO limits (pattern, concurrency, interval) VALUES (:pattern, :concurrency, :interval)

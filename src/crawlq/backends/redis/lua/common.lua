@@ -13,7 +13,9 @@
 --   P queues            hash   queue -> msgpack {group_by, custom_key, seen}
 --   P seq               string insertion counter: element ids, the last tie-break of the order
 --   P limits            hash   glob -> msgpack {lua pattern, specificity a, specificity b,
---                                                concurrency or false, interval}
+--                                                concurrency or false, interval}: the rules
+--                              with a wildcard
+--   P lx                hash   the same for exact rules (`is_exact`), found by group name
 --   P busy              zset   groups with queued or running elements, score
 --                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
@@ -382,6 +384,12 @@ end
 -- -- limits --------------------------------------------------------------------------------
 
 local limit_rules = nil
+-- Whether a limit pattern matches one name only, itself (limits.is_exact): such rules, one a
+-- host with a Crawl-delay, are kept in `lx` and found by name, the globs in `limits` scanned.
+local function is_exact(pattern)
+    return not string.find(pattern, '[%*%?%[]')
+end
+
 local function resolve(group)
     if limit_rules == nil then
         limit_rules = {}
@@ -394,6 +402,10 @@ local function resolve(group)
         table.sort(limit_rules, function(a, b) return before(a.glob, b.glob) end)
     end
     local best = nil
+    if is_exact(group) then
+        local own = redis.call('HGET', P .. 'lx', group)
+        if own then best = cmsgpack.unpack(own) end
+    end
     for _, rule in ipairs(limit_rules) do
         if string.find(group, rule[1]) and (best == nil or rule[2] > best[2]
                 or (rule[2] == best[2] and rule[3] > best[3])) then
