@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from inspect import iscoroutinefunction
 from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
 
@@ -227,7 +228,8 @@ class App:
     def provide(self, name: str, factory: Callable[[], Any]) -> None:
         """Registers a resource every task of a worker shares (the fetcher, a store): built
         by `factory()` on first use in each event loop, closed (its `aclose()`) when the
-        worker stops."""
+        worker stops. One that writes files may have an `async def sync()` putting them on
+        disk: the worker awaits it before it records elements done (`sync_shared`)."""
         self._providers[name] = factory
 
     def shared(self, name: str, default: Callable[[], Any] | None = None) -> Any:
@@ -239,6 +241,17 @@ class App:
                 raise ConfigError(f"no shared resource {name!r}: register it with app.provide")
             resources[name] = factory()
         return resources[name]
+
+    async def sync_shared(self) -> None:
+        """Puts on disk what this loop's shared resources wrote (those with a `sync()`): a
+        worker calls it before it records finished elements, so an element is never done in
+        the queue while its output could still be lost to a power loss."""
+        resources = self._shared.get(asyncio.get_running_loop(), {})
+        syncs = [
+            r.sync() for r in resources.values() if iscoroutinefunction(getattr(r, "sync", None))
+        ]
+        if syncs:
+            await asyncio.gather(*syncs)
 
     async def close_shared(self) -> None:
         """Closes this loop's shared resources, the last built first."""

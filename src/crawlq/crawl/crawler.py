@@ -8,6 +8,7 @@ scheduled "only if new", and the queue's "seen" memory skips what was already fe
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,9 @@ class _RecordsResource:
     def __init__(self, path: Path) -> None:
         self.writer = JsonlWriter(path)
 
+    async def sync(self) -> None:
+        await asyncio.to_thread(self.writer.sync)
+
     async def aclose(self) -> None:
         self.writer.close()
 
@@ -113,7 +117,7 @@ class Crawl:
         self.logins = dict(logins or {})
         self.stats = CrawlStats()
         self._known = KnownLinks()
-        self._seeds: list[JSON] = []  # scheduled again if the backend may have lost them
+        self._seeds: dict[str, JSON] = {}  # by URL: again if the backend may have lost them
         self.budget = PageBudget(self.out, settings.max_pages)
         self.app = App(backend or f"sqlite:///{self.out / 'queue.db'}")
         self.app.limit("*", concurrency=settings.concurrency_per_domain, interval=settings.delay)
@@ -150,10 +154,10 @@ class Crawl:
                 seeds.append(canonical)
         backend = await self.app.backend()  # first: its first use schedules `_seeds` too
         admitted = await self.budget.admit(seeds)
-        elements: list[JSON] = [{"url": url, "depth": 0} for url in admitted]
-        self._seeds.extend(elements)  # before the schedule: it may find a restart
+        elements: dict[str, JSON] = {url: {"url": url, "depth": 0} for url in admitted}
+        self._seeds.update(elements)  # before the schedule: it may find a restart
         result = await self.app.aschedule_many(
-            self.task, elements, only_if_new=True, backend=backend
+            self.task, list(elements.values()), only_if_new=True, backend=backend
         )
         return result.added
 
@@ -161,7 +165,8 @@ class Crawl:
         """A Redis back from a crash may have lost the seeds with all that followed (a crash
         in the first seconds of a crawl): they are scheduled again, only if new."""
         if self._seeds:
-            await self.app.aschedule_many(self.task, self._seeds, only_if_new=True, backend=backend)
+            seeds = list(self._seeds.values())
+            await self.app.aschedule_many(self.task, seeds, only_if_new=True, backend=backend)
 
     async def run(
         self,

@@ -78,6 +78,10 @@ class JsonlWriter:
             elif len(rest) < len(line):
                 self._unfinished = True
 
+    def sync(self) -> None:
+        """Puts every line written so far on disk (safe while another thread writes)."""
+        os.fsync(self._fd)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

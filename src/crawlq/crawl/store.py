@@ -41,6 +41,9 @@ _LATEST = (
 )
 
 
+_Row = tuple[str, float, int, str, int, int]  # as _INSERT takes them
+
+
 class ContentStore(Protocol):
     async def put(self, response: Response) -> RecordRef:
         """Stores one response (one hop) once; returns where it is."""
@@ -48,13 +51,16 @@ class ContentStore(Protocol):
     async def get(self, url: str) -> StoredResponse | None:
         """The latest stored response for `url`, or None."""
 
+    async def sync(self) -> None:
+        """Puts every response stored so far on disk, or raises: then some may not be."""
+
     async def aclose(self) -> None: ...
 
 
 def open_index(path: Path) -> sqlite3.Connection:
     connection = sqlite3.connect(path, timeout=30, isolation_level=None)
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("PRAGMA synchronous=FULL")
     connection.executescript(_SCHEMA)
     return connection
 
@@ -63,14 +69,19 @@ class WarcStore:
     """WARC files in `directory`, rotated at `max_file_bytes`, indexed in INDEX_FILE. All
     disk work runs on one thread of its own, off the event loop.
 
-    Puts are group-committed: the thread takes every response waiting when it comes round,
-    writes their records, flushes the file once and indexes them in one transaction; each
-    `put` returns once its response is written and indexed."""
+    Puts are group-committed: the thread takes every response waiting when it comes round
+    and writes their records; each `put` returns once its response is in the WARC file.
+    `sync` puts the records on disk, then indexes them in one transaction. A worker syncs
+    before it acknowledges a batch of elements (`App.sync_shared`), so a power loss cannot
+    leave a page done in the queue without its response, for one sync a batch. `get` finds
+    responses not yet indexed all the same."""
 
     def __init__(self, directory: Path | str, *, max_file_bytes: int = DEFAULT_FILE_BYTES):
         self.directory = Path(directory)
         self._writer = RotatingWarcWriter(self.directory, max_file_bytes=max_file_bytes)
         self._index: sqlite3.Connection | None = None
+        self._unindexed: list[_Row] = []  # written, not yet synced
+        self._latest_unindexed: dict[str, RecordRef] = {}  # by redacted URL
         self._commit = GroupCommit(self._put_many, "crawlq-warc")
 
     def _connection(self) -> sqlite3.Connection:
@@ -83,39 +94,58 @@ class WarcStore:
         return await self._commit(response)
 
     def _put_many(self, responses: list[Response]) -> list[RecordRef | BaseException]:
-        """Writes and indexes the batch; a response that cannot be written fails alone."""
+        """Writes the batch; a response that cannot be written fails alone."""
         refs: list[RecordRef | BaseException] = []
         for response in responses:
             try:
-                refs.append(self._writer.write(response, flush=False))
+                ref = self._writer.write(response)
             except (ValueError, UnicodeError, OSError) as exc:  # OSError: a full disk, say
                 refs.append(exc)
-        self._writer.flush()
+                continue
+            url = redact_url(response.url)
+            self._unindexed.append(
+                (url, response.fetched_at, response.status, ref.file, ref.offset, ref.length)
+            )
+            self._latest_unindexed[url] = ref
+            refs.append(ref)
+        return refs
+
+    async def sync(self) -> None:
+        await self._commit.run(self._sync)
+
+    def _sync(self) -> None:
+        try:
+            self._writer.sync()
+        except OSError:
+            # Their records may be lost: left out of the index, as their pages are retried.
+            self._unindexed.clear()
+            self._latest_unindexed.clear()
+            raise
+        if not self._unindexed:
+            return
         connection = self._connection()
         connection.execute("BEGIN")
         try:
-            connection.executemany(
-                _INSERT,
-                [
-                    (redact_url(r.url), r.fetched_at, r.status, ref.file, ref.offset, ref.length)
-                    for r, ref in zip(responses, refs, strict=True)
-                    if isinstance(ref, RecordRef)
-                ],
-            )
+            connection.executemany(_INSERT, self._unindexed)
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
             raise
-        return refs
+        self._unindexed.clear()
+        self._latest_unindexed.clear()
 
     async def get(self, url: str) -> StoredResponse | None:
         return await self._commit.run(self._get, url)
 
     def _get(self, url: str) -> StoredResponse | None:
-        row = self._connection().execute(_LATEST, (redact_url(url),)).fetchone()
-        if row is None:
-            return None
-        return read_record(self.directory, RecordRef(file=row[0], offset=row[1], length=row[2]))
+        redacted = redact_url(url)
+        ref = self._latest_unindexed.get(redacted)
+        if ref is None:
+            row = self._connection().execute(_LATEST, (redacted,)).fetchone()
+            if row is None:
+                return None
+            ref = RecordRef(file=row[0], offset=row[1], length=row[2])
+        return read_record(self.directory, ref)
 
     def refs(self, url: str) -> list[RecordRef]:
         """Every stored record of `url`, oldest first (blocking: for tools and tests)."""
@@ -130,6 +160,12 @@ class WarcStore:
         await self._commit.close(self._close)
 
     def _close(self) -> None:
+        try:
+            self._sync()
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
         self._writer.close()
         if self._index is not None:
             self._index.close()

@@ -128,10 +128,12 @@ class RotatingWarcWriter:
     reaches `max_file_bytes`. Each process and each run writes files of its own. Not thread
     safe: one thread writes.
 
-    Files are unbuffered: a record is in the file, whole, once `write` returns. A record that
-    fails halfway (a full disk) is cut back off, as a file ending in part of a gzip member
-    would hide every record after it from a sequential reader; if even that fails, the file
-    is left as it is and the next record starts a new one."""
+    Files are unbuffered: a record is in the file, whole, once `write` returns, and on disk
+    once `sync` returns (a file is synced before it is closed, and its directory once it is
+    created, so a power loss cannot drop it either). A record that fails halfway (a full disk)
+    is cut back off, as a file ending in part of a gzip member would hide every record after
+    it from a sequential reader; if even that fails, the file is left as it is and the next
+    record starts a new one."""
 
     def __init__(
         self,
@@ -149,6 +151,8 @@ class RotatingWarcWriter:
         self._sequence = 0
         self._file: FileIO | None = None
         self._name = ""
+        self._unsynced = False  # the open file has records not yet on disk
+        self._lost: OSError | None = None  # a failed sync of a file closed since the last `sync`
 
     def _open(self) -> FileIO:
         if self._file is None:
@@ -159,16 +163,16 @@ class RotatingWarcWriter:
             file = open(path, "ab", buffering=0)  # noqa: SIM115 - kept open
             try:
                 _append(file, _warcinfo(name))
+                _sync_directory(self.directory)
             except BaseException:
                 _close_quietly(file)
                 path.unlink(missing_ok=True)
                 raise
-            self._file, self._name = file, name
+            self._file, self._name, self._unsynced = file, name, True
         return self._file
 
-    def write(self, response: Response, *, flush: bool = True) -> RecordRef:
-        """Appends one record, whole, or raises and leaves the file as it was. `flush` is
-        kept for callers that batch: there is no buffer left to flush."""
+    def write(self, response: Response) -> RecordRef:
+        """Appends one record, whole, or raises and leaves the file as it was."""
         file = self._open()
         compressor = zlib.compressobj(self.compress_level, zlib.DEFLATED, _GZIP_WBITS)
         member = compressor.compress(response_record(response))
@@ -176,21 +180,50 @@ class RotatingWarcWriter:
         try:
             offset = _append(file, member)
         except _Torn:
-            self._file = None  # the next record starts a new file
+            with suppress(OSError):
+                self.close()  # the next record starts a new file
             raise
+        self._unsynced = True
         ref = RecordRef(file=self._name, offset=offset, length=len(member))
         if offset + len(member) >= self.max_file_bytes:
             self.close()
         return ref
 
-    def flush(self) -> None:
-        """Nothing to do: every record is in its file once `write` returns."""
+    def sync(self) -> None:
+        """Puts every record written since the last call on disk, or raises: then some may not
+        be. A file whose sync failed is not written again (Linux may have dropped its unwritten
+        pages and marked them clean): the next record starts a new one."""
+        lost, self._lost = self._lost, None
+        if self._file is not None and self._unsynced:
+            try:
+                os.fsync(self._file.fileno())
+                self._unsynced = False
+            except OSError as exc:
+                lost = exc
+                self._drop()
+        if lost is not None:
+            raise lost
 
     def close(self) -> None:
-        """Closes the current file; the next record opens a new one even if closing fails."""
-        file, self._file = self._file, None
+        """Syncs and closes the current file; the next record opens a new one even if that
+        fails (a failed sync is raised again by the next `sync`)."""
+        file = self._file
+        if file is None:
+            return
+        if self._unsynced:
+            try:
+                os.fsync(file.fileno())
+            except OSError as exc:
+                self._lost = exc
+                self._drop()
+                raise
+        self._file, self._unsynced = None, False
+        file.close()
+
+    def _drop(self) -> None:
+        file, self._file, self._unsynced = self._file, None, False
         if file is not None:
-            file.close()
+            _close_quietly(file)
 
 
 class _Torn(OSError):
@@ -208,7 +241,6 @@ def _append(file: FileIO, data: bytes) -> int:
             os.ftruncate(file.fileno(), offset)
             file.seek(offset)
         except OSError as exc:
-            _close_quietly(file)
             raise _Torn(exc.errno, f"{file.name}: cannot cut back a failed record") from exc
         raise
     return offset
@@ -222,6 +254,15 @@ def _write_all(file: FileIO, data: bytes) -> None:
         if not written:
             raise OSError(errno.ENOSPC, f"{file.name}: nothing written")
         view = view[written:]
+
+
+def _sync_directory(directory: Path) -> None:
+    """Puts a new file's name on disk: a synced file whose name was not is lost all the same."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _close_quietly(file: FileIO) -> None:

@@ -111,6 +111,8 @@ class Worker:
         self._closing_deadline = 0.0  # monotonic time the final writes are given up at
         self._flushes = 0
         self._flushing = False
+        self._recording: list[Claimed] = []  # the batch being written, heartbeated meanwhile
+        self._outputs_lost: Exception | None = None  # a shared resource's failed sync
         self._metrics = worker_metrics()
 
     def stop(self) -> None:
@@ -465,7 +467,12 @@ class Worker:
         follow, self._follow = self._follow, []
         failures, self._failures = self._failures, []
         self._flushing = True
+        # Its leases are still renewed: syncing outputs may wait on a lock another process
+        # holds (a SIGSTOPped one), and the batch must not lapse meanwhile.
+        self._recording = [*acks, *(f.element for f in failures)]
         try:
+            if acks or failures:
+                follow, acks, failures = await self._synced(backend, follow, acks, failures)
             await backend.finish(follow, acks, failures)
             self._flushes += 1
             self._changed.set()
@@ -476,6 +483,38 @@ class Worker:
             raise
         finally:
             self._flushing = False
+            self._recording = []
+
+    async def _synced(
+        self, backend: Backend, follow: list[Schedule], acks: list[Claimed], failures: list[Failure]
+    ) -> tuple[list[Schedule], list[Claimed], list[Failure]]:
+        """The batch, once what its tasks wrote through the app's shared resources is on disk
+        (`App.sync_shared`). A failed sync may have lost the outputs of any task, those still
+        running included (and the next one could succeed: Linux reports such an error once),
+        so the worker stops at once, its running tasks going back to the queue, and every
+        element it finishes from then on fails instead of being done, to run again by its
+        retry policy, without the follow-up work that would have come with its ack."""
+        if self._outputs_lost is None:
+            try:
+                await self.app.sync_shared()
+                return follow, acks, failures
+            except Exception as exc:
+                log.exception("worker %s could not put its tasks' outputs on disk", self.id)
+                self._outputs_lost = exc
+                self._stopping = True
+                self._stop.set()
+                self._hurry.set()
+        lost = self._outputs_lost
+        error = f"crawlq error: outputs not on disk: {type(lost).__name__}: {lost}"
+        failed = [
+            Failure(element=c, error=error, retry_at=self._retry_at(backend, c)) for c in acks
+        ]
+        for claimed in acks:
+            self.stats.by_queue[claimed.queue] -= 1
+        self.stats.done -= len(failed)
+        self.stats.failed += len(failed)
+        self.stats.dead += sum(f.retry_at is None for f in failed)
+        return [], [], [*failures, *failed]
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
         interval = max(0.05, self.lease / 3)
@@ -494,6 +533,7 @@ class Worker:
                 *(self._inflight[t] for t in running),
                 *self._acks,
                 *(f.element for f in self._failures),
+                *self._recording,
             ]
             sent = loop.time()
             try:
