@@ -301,7 +301,10 @@ async def until(
                     f" {what}:\n{crawl.output()[-3000:]}"
                 )
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            tails = "".join(
+                f"\n--- {c.host.name} (exit {c.code()}):\n{c.output()[-1500:]}" for c in crawls
+            )
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{tails}")
         await asyncio.sleep(0.05)
 
 
