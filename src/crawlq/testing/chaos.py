@@ -17,6 +17,7 @@ import itertools
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 import psutil
 from aiohttp.web import Request, Response, StreamResponse
 
+from ..backends.sqlite.backend import path_from_url
 from ..crawl.testing.sites import Hit, Site, SyntheticWeb, page_html
 from ..errors import CrawlqError
 from .faults import with_backend
@@ -399,6 +401,12 @@ class ChaosResult:
     problems: list[str]  # from Backend.check() and the final counts
     process_failures: list[str]
     lapsed: int  # "lease ran out" lines in the workers' logs
+    stalls: int = 0  # stops that caught their worker holding SQLite's write lock
+
+
+#: Seconds a write must wait for SQLite's lock to count as stalled by a stopped process: a
+#: running one's transactions take milliseconds.
+STALL_PROBE = 1.0
 
 
 def run_worker_chaos(
@@ -429,7 +437,7 @@ def run_worker_chaos(
     fleet = Fleet(command=command, logs=workdir / "logs", env={**os.environ})
     connections = Connections(web)
     stopped: dict[int, float] = {}  # pid -> when to continue it
-    kills = stops = started = held = 0
+    kills = stops = started = held = stalls = 0
     began = time.monotonic()
     try:
         for _ in range(plan.workers):
@@ -460,6 +468,11 @@ def run_worker_chaos(
                         fleet.start()
                         started += 1
                     held += held_by(backend, pid)  # it changes nothing until continued
+                    if event == "stop" and writes_stalled(backend):
+                        # Stopped holding SQLite's write lock, it stalls every worker: what
+                        # they hold can lapse meanwhile, and run again.
+                        stalls += 1
+                        held += sum(held_by(backend, p) for p in fleet.running if p != pid)
             if other_faults and web.pages_seen() >= other_faults[0][0]:
                 other_faults.pop(0)[1]()
             connections.look(fleet.running)
@@ -488,7 +501,24 @@ def run_worker_chaos(
         problems=backend_problems(backend),
         process_failures=fleet.failures(),
         lapsed=sum(log.count("ran out") for log in logs),
+        stalls=stalls,
     )
+
+
+def writes_stalled(url: str) -> bool:
+    """Whether a write to the SQLite database at `url` waits longer than STALL_PROBE for its
+    lock (never for Redis, whose scripts hold no lock between calls)."""
+    if not url.startswith("sqlite:"):
+        return False
+    connection = sqlite3.connect(path_from_url(url), timeout=STALL_PROBE, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        connection.close()
 
 
 def held_by(url: str, pid: int) -> int:
