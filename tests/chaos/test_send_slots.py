@@ -6,6 +6,7 @@ request its slot, which it confirms right before it is written (politeness.py)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import socket
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from crawlq.backends import Backend
+from crawlq.backends import Backend, open_backend
 from crawlq.crawl.errors import Throttled
 from crawlq.crawl.politeness import (
     MAX_PACING_MARGIN,
@@ -195,6 +196,33 @@ async def test_a_request_late_at_every_try_is_put_back_not_sent(
     with pytest.raises(Throttled, match="late for its slot after"):
         await slot.confirm()
     assert (politeness.late_sends, politeness.put_back) == (MAX_SLOT_TRIES, 1)
+
+
+async def test_two_requests_of_a_group_both_woken_late_do_not_leapfrog_forever(url: str) -> None:
+    """Two requests of a group at once, on the real clock, with the short interval whose
+    tolerance (half a millisecond) is below the event loop's timer step. When each slept for
+    its wait after the backend's answer, each woke late at every try, and each fresh slot it
+    took was passed by the other's: 1 to 15 of 300 requests went, the rest were put back.
+    Now each wakes on its due time: they go."""
+    backends = [open_backend(url) for _ in range(2)]
+    for opened in backends:
+        await opened.open()
+    try:
+        await backends[0].set_limits([LimitRule(pattern="slow.test", limit=Limit(interval=0.1))])
+        workers = [Politeness(opened) for opened in backends]
+
+        async def requests(politeness: Politeness, count: int) -> None:
+            for _ in range(count):
+                slot = await politeness.pace("slow.test", URL)
+                with contextlib.suppress(Throttled):
+                    await slot.confirm()
+
+        await asyncio.gather(*(requests(politeness, 30) for politeness in workers))
+        put_back = sum(politeness.put_back for politeness in workers)
+        assert put_back <= 6, f"{put_back} of 60 requests put back"
+    finally:
+        for opened in backends:
+            await opened.close()
 
 
 # -- the judge's clock: a request is stamped when its bytes reach the server's host ------

@@ -68,6 +68,9 @@ SEND_TOLERANCE = 0.002
 MAX_SLOT_TRIES = 5
 #: A slot taken over moves at least this far ahead of now (`Slot.confirm`).
 MIN_LEAD = 0.002
+#: A wait for a slot yields to the event loop, instead of sleeping, for its last this many
+#: seconds (`Politeness.sleep_until`): the loop's timers are a millisecond coarse.
+SPIN_FINISH = 0.001
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
 
@@ -135,7 +138,8 @@ class Slot:
         politeness = self.politeness
         if self.sent:  # a second request on one slot: it reserves its own
             self.sent = False
-            await asyncio.sleep((await self.reserve(politeness.earliest(self)))[0])
+            await self.reserve(politeness.earliest(self))
+            await politeness.sleep_until(self.due)
         for _ in range(MAX_SLOT_TRIES):
             late = politeness.clock() - self.due
             if late <= self.tolerance:
@@ -143,9 +147,9 @@ class Slot:
             politeness.late_sends += 1
             politeness.latest_send = max(politeness.latest_send, late)
             lead = min(self.gap / 4, max(MIN_LEAD, 2 * self.answer))
-            wait, kept = await self.reserve(lead, replacing=self.at)
-            if not kept and wait > 0:
-                await asyncio.sleep(wait)
+            _, kept = await self.reserve(lead, replacing=self.at)
+            if not kept:
+                await politeness.sleep_until(self.due)
         else:
             late = politeness.clock() - self.due
             if late > self.tolerance:
@@ -276,9 +280,23 @@ class Politeness:
         wait, _ = await slot.reserve(self.earliest(slot))
         if wait > MAX_PACING_WAIT:
             raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await self.sleep_until(slot.due)
         return slot
+
+    async def sleep_until(self, due: float) -> None:
+        """Returns once `due` (by `clock`) has come, and rarely more than a loop turn later.
+
+        Not `sleep(wait)` from the backend's answer: that wakes the answer's trip late. Nor a
+        plain sleep to `due`: the event loop's timers wake up to a millisecond late (epoll
+        counts whole milliseconds), more than a short interval's tolerance, and two requests
+        of a group that are both late at each try leapfrog each other's fresh slots until
+        they are put back, again and again. So the last SPIN_FINISH is spent yielding."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + due - self.clock()
+        if end - SPIN_FINISH > loop.time():
+            await asyncio.sleep(end - SPIN_FINISH - loop.time())
+        while loop.time() < end:
+            await asyncio.sleep(0)
 
     def earliest(self, slot: Slot) -> float:
         """Seconds from now until the slot's gap has passed since this worker's own last
