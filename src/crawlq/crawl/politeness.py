@@ -130,8 +130,10 @@ class Slot:
         it, else on a fresh one, after waiting for it. Throttled (the page is put back) if
         it is still late after MAX_SLOT_TRIES such tries: never sent late.
 
-        A slot taken over moves a lead ahead of now (twice the time the backend took to
-        answer, at least MIN_LEAD, at most a quarter of the gap): the request goes as soon as
+        A slot taken over moves a lead ahead of now (the time the backend took to answer the
+        last reservation, at least MIN_LEAD, at most a quarter of the gap: the answer comes
+        back at most a round trip after the backend's now, and should this one take longer,
+        the next try finds the request late again): the request goes as soon as
         the answer is in, before its new time (it is past its old one, so the request before
         it is a gap behind), and the next request counts from the new time, which the write
         will not be later than unless the worker falls behind again."""
@@ -146,7 +148,7 @@ class Slot:
                 break
             politeness.late_sends += 1
             politeness.latest_send = max(politeness.latest_send, late)
-            lead = min(self.gap / 4, max(MIN_LEAD, 2 * self.answer))
+            lead = min(self.gap / 4, max(MIN_LEAD, self.answer))
             _, kept = await self.reserve(lead, replacing=self.at)
             if not kept:
                 await politeness.sleep_until(self.due)
