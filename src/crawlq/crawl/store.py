@@ -117,9 +117,7 @@ class WarcStore:
         try:
             self._writer.sync()
         except OSError:
-            # Their records may be lost: left out of the index, as their pages are retried.
-            self._unindexed.clear()
-            self._latest_unindexed.clear()
+            self._forget_unindexed()  # their records may be lost; their pages are retried
             raise
         if not self._unindexed:
             return
@@ -131,6 +129,9 @@ class WarcStore:
         except BaseException:
             connection.execute("ROLLBACK")
             raise
+        self._forget_unindexed()
+
+    def _forget_unindexed(self) -> None:
         self._unindexed.clear()
         self._latest_unindexed.clear()
 
