@@ -82,6 +82,34 @@ async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_space
     assert net.peak_concurrency("a.test") == 1
 
 
+async def test_a_link_robots_txt_refuses_when_found_takes_no_turn_of_its_hosts_interval(
+    tmp_path: Path,
+) -> None:
+    """/page/3 is found on /page/1, once this worker has a.test's robots.txt: it is queued in
+    no group, so it does not hold up the host's next page by an interval, and it is recorded
+    as refused without a request. /page/0, a seed, is queued before robots.txt is known."""
+    robots = "User-agent: *\nDisallow: /page/3\n"
+    async with SyntheticWeb([Site(name="a.test", pages=5, robots=robots)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, delay=0.2))
+        groups: dict[str, str] = {}
+        visit = crawl.task.function
+
+        async def recording(ctx: Context, element: dict[str, Any]) -> None:
+            groups[element["url"]] = ctx.group
+            await visit(ctx, element)
+
+        crawl.task.function = recording
+        await crawl.run([net.url("a.test")])
+    assert groups == {net.url("a.test", f"/page/{n}"): "a.test" for n in (0, 1, 2, 4)} | {
+        net.url("a.test", "/page/3"): ""
+    }
+    record = records_by_url(tmp_path)[net.url("a.test", "/page/3")]
+    assert [(r["error"], r["retry"], r["status"]) for r in record] == [
+        (Reason.ROBOTS_DISALLOWED, False, None)
+    ]
+    assert "/page/3" not in [h.path for h in net.hits]
+
+
 async def test_retry_after_blocks_the_host_and_no_request_arrives_before_that_time(
     tmp_path: Path,
 ) -> None:

@@ -19,9 +19,10 @@ from ..app import App
 from ..backends import Backend
 from ..context import FETCHER, POLITENESS, Context
 from ..errors import ConfigError
+from ..grouping import NO_GROUP, group_of
 from ..retry import Retry
 from ..tasks import Task
-from ..types import JSON
+from ..types import JSON, GroupBy
 from ..worker import Worker, WorkerStats
 from .budget import PageBudget
 from .errors import TRANSIENT, FetchError, Reason, Throttled
@@ -30,6 +31,7 @@ from .links import extract
 from .politeness import Backoff, Politeness
 from .records import JsonlWriter, PageRecord
 from .response import Response
+from .robots import refusal
 from .scope import Scope
 from .settings import FetchSettings
 from .store import ContentStore, WarcStore
@@ -90,6 +92,14 @@ def page_key(element: Mapping[str, Any]) -> str:
     return str(element["url"])
 
 
+def page_group(element: JSON) -> str:
+    """A page's host, as for any task grouped by host; none for a page robots.txt refused
+    when it was found: it sends nothing, so it takes no turn of its host's interval."""
+    if isinstance(element, dict) and element.get("refused"):
+        return NO_GROUP
+    return group_of(element, GroupBy.HOST)
+
+
 class _RecordsResource:
     def __init__(self, path: Path) -> None:
         self.writer = JsonlWriter(path)
@@ -124,6 +134,7 @@ class Crawl:
         self.task: Task[Any] = self.app.task(
             queue=settings.queue,
             key=page_key,
+            group=page_group,
             seen=True,
             retry=settings.retry,
             lease=settings.lease,
@@ -207,6 +218,10 @@ class Crawl:
         records: JsonlWriter = ctx.app.shared(RECORDS).writer
         started = time.monotonic()
         base = _Base(url=url, depth=depth, attempt=ctx.attempt)
+        if element.get("refused"):
+            self.stats.errors += 1
+            records.write(_error_record(base, refusal(url), None, started, retry=False))
+            return
         try:
             response = await self.politeness(ctx).fetch(
                 ctx.fetcher, url, group=ctx.group, scope=self.settings.scope.check
@@ -291,7 +306,13 @@ class Crawl:
         admitted = await self.budget.admit(wanted)
         if not admitted:
             return 0
-        elements: list[JSON] = [{"url": link, "depth": depth} for link in admitted]
+        robots = ctx.fetcher.robots if ctx.fetcher.settings.robots else None
+        elements: list[JSON] = [
+            {"url": link, "depth": depth, "refused": True}
+            if robots is not None and robots.disallows(link)
+            else {"url": link, "depth": depth}
+            for link in admitted
+        ]
         result = await ctx.schedule_many(self.task, elements, only_if_new=True)
         self._known.add(ctx.backend, known, admitted)
         return result.added

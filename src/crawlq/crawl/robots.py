@@ -130,18 +130,33 @@ class RobotsCache:
 
     def known(self, url: str) -> bool:
         """Whether `url`'s rules are at hand: checking it sends no robots.txt request."""
+        return self._at_hand(url) is not None
+
+    def _at_hand(self, url: str) -> Rules | None:
         cached = self._rules.get(origin(url))
-        return cached is not None and cached.expires > self._clock()
+        return cached if cached is not None and cached.expires > self._clock() else None
 
     async def check(self, url: str) -> None:
         """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
         rules = await self.rules(url)
         if rules.unavailable is not None:
             raise FetchError(rules.failure, url, rules.unavailable)
-        if rules.parser is not None and not rules.parser.can_fetch(url, self._agent):
-            raise FetchError(Reason.ROBOTS_DISALLOWED, url, "disallowed by robots.txt")
+        if self._refuses(rules, url):
+            raise refusal(url)
+
+    def disallows(self, url: str) -> bool:
+        """Whether the rules at hand refuse `url` (False when none are: nothing is fetched)."""
+        rules = self._at_hand(url)
+        return rules is not None and self._refuses(rules, url)
+
+    def _refuses(self, rules: Rules, url: str) -> bool:
+        return rules.parser is not None and not rules.parser.can_fetch(url, self._agent)
 
     def delay(self, url: str) -> float | None:
         """The Crawl-delay (or Request-rate) robots.txt asks of this origin, once known."""
         rules = self._rules.get(origin(url))
         return None if rules is None else rules.delay
+
+
+def refusal(url: str) -> FetchError:
+    return FetchError(Reason.ROBOTS_DISALLOWED, url, "disallowed by robots.txt")
