@@ -58,3 +58,13 @@ def test_charset_detection_reads_a_sample_not_the_whole_body(
     text = decode_text(body, None, "u")
     assert seen == [DETECT_BYTES]
     assert len(text) == len(body) and text.startswith("<p>caf")
+
+
+@pytest.mark.parametrize("charset", ["base64", "rot13", "hex", "zlib", "bz2", "undefined", "idna"])
+def test_a_charset_that_is_no_web_pages_is_ignored_not_a_crash(charset: str) -> None:
+    """Python's codecs registry knows base64, zlib, rot13 and its own `undefined`: decoding
+    with them raised LookupError or UnicodeError, which the crawl did not expect."""
+    body = "<p>café</p>".encode()
+    assert decode_text(body, charset, "u") == "<p>café</p>"
+    meta = f'<meta charset="{charset}"><p>café</p>'
+    assert decode_text(meta.encode(), None, "u") == meta

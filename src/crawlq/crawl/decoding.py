@@ -78,13 +78,24 @@ def _unbrotli(data: bytes, max_bytes: int, url: str) -> bytes:
     return body
 
 
+#: Python codecs that are no web page's charset, though text codecs: Python's own, and
+#: UTF-7, which browsers refuse. (base64, zlib, rot13 and the like are not text codecs.)
+NOT_WEB_CHARSETS = frozenset(
+    {"undefined", "idna", "punycode", "unicode-escape", "raw-unicode-escape", "utf-7"}
+)
+
+
 def known_charset(name: str | None) -> str | None:
+    """The codec a page's charset names, if it is one a page can be written in."""
     if not name:
         return None
     try:
-        return codecs.lookup(name).name
+        codec = codecs.lookup(name)
     except LookupError:
         return None
+    if not codec._is_text_encoding or codec.name in NOT_WEB_CHARSETS:
+        return None
+    return codec.name
 
 
 def meta_charset(body: bytes) -> str | None:
@@ -103,10 +114,9 @@ def decode_text(body: bytes, declared: str | None, url: str, *, html: bool = Tru
     if charset is not None:
         try:
             return body.decode(charset)
-        except UnicodeDecodeError as exc:
-            raise FetchError(
-                Reason.BAD_ENCODING, url, f"body is not valid {charset} (at byte {exc.start})"
-            ) from exc
+        except UnicodeError as exc:
+            at = f" (at byte {exc.start})" if isinstance(exc, UnicodeDecodeError) else ""
+            raise FetchError(Reason.BAD_ENCODING, url, f"body is not valid {charset}{at}") from exc
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:

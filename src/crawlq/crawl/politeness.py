@@ -31,6 +31,7 @@ or NTP), else bounded by when the reservation was asked for and answered.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import logging
 import time
@@ -191,12 +192,14 @@ def retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() too
         return now + min(float(value), MAX_RETRY_AFTER)
     try:
         moment = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if moment.tzinfo is None:  # asctime and "-0000" dates: HTTP dates are all in GMT
+        moment = moment.replace(tzinfo=datetime.UTC)
     return min(moment.timestamp(), now + MAX_RETRY_AFTER)
 
 
