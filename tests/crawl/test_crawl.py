@@ -82,6 +82,23 @@ async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_space
     assert net.peak_concurrency("a.test") == 1
 
 
+async def test_crawl_delay_spaces_the_requests_of_seeds_claimed_before_robots_txt_came(
+    tmp_path: Path,
+) -> None:
+    """Four seeds of one host claimed at once (4 at a time allowed, no interval yet): one
+    fetches robots.txt, the others wait for it, and each page then goes a Crawl-delay after
+    the previous request. They were paced by the interval known before robots.txt: all four
+    pages went within milliseconds of it."""
+    robots = "User-agent: *\nCrawl-delay: 0.3\n"
+    async with SyntheticWeb([Site(name="a.test", pages=4, robots=robots)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, concurrency_per_domain=4))
+        await crawl.run([net.url("a.test", f"/page/{n}") for n in range(4)])
+    hits = net.hits_for("a.test")
+    assert [h.path for h in hits][:1] == ["/robots.txt"] and len(hits) == 5
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(hits)]
+    assert min(gaps) > 0.25, gaps  # arrivals: a busy server notes one a few ms late
+
+
 async def test_a_link_robots_txt_refuses_when_found_takes_no_turn_of_its_hosts_interval(
     tmp_path: Path,
 ) -> None:

@@ -371,6 +371,9 @@ class Politeness:
 
         async def pace(hop: str) -> Slot | Unpaced:
             hop_group = group_of(hop)
+            # A host's first requests are paced before any answer came back: the robots.txt
+            # one of them fetched may already ask for a Crawl-delay.
+            await self._apply_delay(fetcher, hop, hop_group)
             slot = await self.pace(hop_group, hop, fetcher)
             self.check_open(hop_group, hop)  # again: a 429 may have come meanwhile
             return slot
@@ -403,9 +406,14 @@ class Politeness:
         group_of: Callable[[str], str],
     ) -> None:
         for hop in {r.url for r in responses} | {url}:
-            delay = fetcher.robots.delay(hop)
-            if delay is not None:
-                await self.crawl_delay(group_of(hop), min(delay, fetcher.settings.max_crawl_delay))
+            await self._apply_delay(fetcher, hop, group_of(hop))
+
+    async def _apply_delay(self, fetcher: Fetcher, url: str, group: str) -> None:
+        """The Crawl-delay robots.txt of `url`'s origin asks, if known, raises `group`'s
+        interval."""
+        delay = fetcher.robots.delay(url)
+        if delay is not None:
+            await self.crawl_delay(group, min(delay, fetcher.settings.max_crawl_delay))
 
     async def crawl_delay(self, group: str, seconds: float) -> None:
         """Raises `group`'s interval to `seconds` if it is lower; never lowers it."""
