@@ -21,6 +21,7 @@ def fetch_settings(net: SyntheticWeb, **options: Any) -> FetchSettings:
     options.setdefault("timeouts", Timeouts(connect=5, read=5, total=10))
     options.setdefault("resolve", net.resolve)
     options.setdefault("allow_networks", ("127.0.0.0/8",))
+    options.setdefault("robots_retry", 0.2)  # an unreachable site pauses 60 s by default
     return FetchSettings(resolve_only=True, **options)
 
 

@@ -63,7 +63,9 @@ HOST_TROUBLE = frozenset({Reason.TIMEOUT, Reason.SERVER_ERROR, Reason.REFUSED, R
 class FetchError(CrawlqError):
     """`url` could not be fetched for `reason`; `responses` holds the hops received first.
     The message and `detail` never show a URL's credentials (they end up in logs, page
-    records and dead letters); `url` is the URL as given."""
+    records and dead letters); `url` is the URL as given. `until` (epoch seconds): not worth
+    trying the host again before then (its robots.txt is unreachable until it is asked
+    again)."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class FetchError(CrawlqError):
         detail: str = "",
         *,
         responses: Sequence[Response] = (),
+        until: float | None = None,
     ) -> None:
         detail = redact_text(detail)
         super().__init__(f"{reason.value}: {redact_text(url)}{f': {detail}' if detail else ''}")
@@ -79,6 +82,7 @@ class FetchError(CrawlqError):
         self.url = url
         self.detail = detail
         self.responses = tuple(responses)
+        self.until = until
 
     @property
     def transient(self) -> bool:
@@ -99,6 +103,6 @@ class Throttled(FetchError):
         responses: Sequence[Response] = (),
         answered: bool = False,
     ) -> None:
-        super().__init__(Reason.THROTTLED, url, detail, responses=responses)
-        self.until = until
+        super().__init__(Reason.THROTTLED, url, detail, responses=responses, until=until)
+        self.until: float = until
         self.answered = answered

@@ -41,7 +41,7 @@ from .errors import FetchError, Reason, Throttled
 from .guard import AddressGuard, BlockedAddress, GuardedResolver, literal_address
 from .resolver import StaticResolver
 from .response import Response
-from .robots import RobotsCache
+from .robots import MAX_ROBOTS_BYTES, RobotsCache
 from .settings import FetchSettings
 
 HopCheck = Callable[[str], Awaitable[None]]
@@ -156,7 +156,10 @@ class Fetcher:
             "hop", default=None
         )
         self.robots = RobotsCache(
-            self._fetch_robots, self.settings.user_agent, ttl=self.settings.robots_ttl
+            self._fetch_robots,
+            self.settings.user_agent,
+            ttl=self.settings.robots_ttl,
+            retry=self.settings.robots_retry,
         )
 
     async def __aenter__(self) -> Fetcher:
@@ -372,9 +375,12 @@ class Fetcher:
         robots: bool | None = None,
         follow: bool = True,
         pace: Pacer | None = None,
+        keep: int | None = None,
     ) -> Response:
         """One request through `session` and its redirects; no login handling. The total
-        timeout bounds the time spent sending and receiving all the hops together."""
+        timeout bounds the time spent sending and receiving all the hops together. `keep`:
+        a body's first `keep` bytes are read and the rest left unread, where it would be
+        TOO_LARGE over max_bytes."""
         use_robots = self.settings.robots if robots is None else robots
         history: list[Response] = []
         visited = {url}
@@ -403,14 +409,16 @@ class Fetcher:
                 budget = total - spent
                 with self._sending_on(slot):
                     response = await self._send(
-                        session.client, method, current, parsed, data, headers, budget
+                        session.client, method, current, parsed, data, headers, budget, keep
                     )
             except Throttled as exc:
                 raise Throttled(
                     exc.url, exc.until, exc.detail, responses=history, answered=exc.answered
                 ) from exc
             except FetchError as exc:
-                raise FetchError(exc.reason, exc.url, exc.detail, responses=history) from exc
+                raise FetchError(
+                    exc.reason, exc.url, exc.detail, responses=history, until=exc.until
+                ) from exc
             response = _with_history(response, history)
             if not (follow and response.is_redirect):
                 return response
@@ -436,7 +444,8 @@ class Fetcher:
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
-        return await self.request(self.session(url), "GET", url, robots=False)
+        keep = min(MAX_ROBOTS_BYTES, self.settings.max_bytes)
+        return await self.request(self.session(url), "GET", url, robots=False, keep=keep)
 
     async def _send(
         self,
@@ -447,12 +456,15 @@ class Fetcher:
         data: Mapping[str, str] | bytes | None,
         headers: Mapping[str, str] | None,
         budget: float,
+        keep: int | None = None,
     ) -> Response:
         """One hop (see `_send_once`), tried again once on another connection when the
         pooled one it got was closed by the server before anything was written."""
         for _ in range(2):
             with contextlib.suppress(_StaleConnection):
-                return await self._send_once(client, method, url, target, data, headers, budget)
+                return await self._send_once(
+                    client, method, url, target, data, headers, budget, keep
+                )
         raise FetchError(Reason.NETWORK, url, "the server closed the connection before the request")
 
     async def _send_once(
@@ -464,9 +476,11 @@ class Fetcher:
         data: Mapping[str, str] | bytes | None,
         headers: Mapping[str, str] | None,
         budget: float,
+        keep: int | None = None,
     ) -> Response:
-        """One hop, done within `budget` seconds, its body (decoded too) within max_bytes;
-        `target` is `url` parsed (None if it cannot be: aiohttp then says why)."""
+        """One hop, done within `budget` seconds, its body (decoded too) within max_bytes,
+        or its first `keep` bytes as received; `target` is `url` parsed (None if it cannot
+        be: aiohttp then says why)."""
         max_bytes = self.settings.max_bytes
         proxy = next(self._proxies) if self._proxies is not None else None
         timeouts = self.settings.timeouts
@@ -491,13 +505,15 @@ class Fetcher:
                 if slot is not None:
                     slot.answered(answer.status, answer.headers.get("Retry-After"))
                 self._hop_done(hop)
-                if answer.content_length is not None and answer.content_length > max_bytes:
-                    raise FetchError(
-                        Reason.TOO_LARGE, url, f"Content-Length {answer.content_length}"
-                    )
+                length = answer.content_length
+                if keep is None and length is not None and length > max_bytes:
+                    raise FetchError(Reason.TOO_LARGE, url, f"Content-Length {length}")
                 raw = bytearray()
                 async for chunk in answer.content.iter_chunked(READ_CHUNK):
                     raw += chunk
+                    if keep is not None and len(raw) >= keep:
+                        del raw[keep:]
+                        break
                     if len(raw) > max_bytes:
                         raise FetchError(Reason.TOO_LARGE, url, f"body over {max_bytes} bytes")
                 worker_metrics().record_fetch(answer.status, len(raw))

@@ -382,6 +382,10 @@ class Politeness:
             response = await fetcher.fetch(url, check=check, pace=pace, **options)
         except FetchError as exc:
             await self._apply_delays(fetcher, exc.responses, exc.url, group_of)
+            if exc.until is not None and not isinstance(exc, Throttled):
+                # The site's robots.txt is unreachable: nothing of it is worth a claim before
+                # robots.txt is asked again.
+                await self.block(group_of(exc.url), exc.until, exc.detail or exc.reason.value)
             if exc.reason in HOST_TROUBLE:
                 await self.failed(group_of(exc.url), exc.reason.value)
             raise

@@ -1,7 +1,11 @@
 """robots.txt: fetched once per origin and cached (protego); decides what may be fetched.
 
-As RFC 9309 says: a 4xx robots.txt allows everything; a 5xx or unreachable one means the
-site cannot be crawled for now (a transient error, asked again after a short pause).
+As RFC 9309 says: a 4xx robots.txt allows everything, as does one behind a redirect loop or
+too many redirects; one larger than MAX_ROBOTS_BYTES is parsed that far. A 5xx or an
+unreachable one means the site cannot be crawled for now: its pages fail with a transient
+error that says until when (`FetchError.until`, when robots.txt is asked again), and the
+crawler pauses the site in the queue till then, so each retry of a page meets a fresh answer
+and no worker waits.
 """
 
 from __future__ import annotations
@@ -16,22 +20,25 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
-from .errors import FetchError, Reason, Throttled
+from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .response import Response
 
 RobotsFetch = Callable[[str], Awaitable[Response]]
 
-#: How long an unreachable robots.txt keeps its site paused before it is asked again.
-RETRY_UNAVAILABLE = 60.0
 MAX_ORIGINS = 10_000
-MAX_ROBOTS_BYTES = 512 * 1024
+MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309: crawlers parse at least 500 KiB
+#: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
+UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
+#: A site paused until its unreachable robots.txt expires is claimed again a little after,
+#: so the page that comes back finds it expired (the pause counts by the wall clock).
+UNTIL_SLACK = 0.01
 
 
 @dataclass(frozen=True, slots=True)
 class Rules:
     parser: Protego | None  # None: everything allowed
     unavailable: str | None
-    expires: float
+    expires: float  # by the cache's clock
     failure: Reason = Reason.ROBOTS_UNAVAILABLE  # what a page of an unavailable site fails with
     delay: float | None = None  # Crawl-delay or Request-rate, seconds per request
 
@@ -50,11 +57,13 @@ class RobotsCache:
         user_agent: str,
         *,
         ttl: float,
+        retry: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetch = fetch
         self._agent = user_agent.split("/", 1)[0]
         self._ttl = ttl
+        self._retry = retry  # how long an unreachable robots.txt stands before it is asked again
         self._clock = clock
         self._rules: OrderedDict[str, Rules] = OrderedDict()
         self._pending: dict[str, asyncio.Future[Rules]] = {}
@@ -105,15 +114,15 @@ class RobotsCache:
         except Throttled:
             raise  # not sent (its pacing put it back): robots.txt is not unavailable
         except FetchError as exc:
-            if exc.reason is Reason.TOO_LARGE:
-                return Rules(None, None, now + self._ttl)
+            if exc.reason is Reason.TOO_LARGE or exc.reason in UNAVAILABLE:
+                return Rules(None, None, now + self._ttl)  # inflated past the cap: a bomb
             # The site itself is unreachable: its pages fail for the same reason.
             detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
             if exc.reason is Reason.BLOCKED:
                 detail = exc.detail  # the site's address is refused, not its robots.txt
-            return Rules(None, detail, now + RETRY_UNAVAILABLE, exc.reason)
+            return Rules(None, detail, now + self._retry, exc.reason)
         if response.status >= 500 or response.status == 429:
-            return Rules(None, f"robots.txt answered {response.status}", now + RETRY_UNAVAILABLE)
+            return Rules(None, f"robots.txt answered {response.status}", now + self._retry)
         if response.status >= 400 or response.is_redirect:
             return Rules(None, None, now + self._ttl)
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
@@ -140,7 +149,10 @@ class RobotsCache:
         """Raises FetchError unless robots.txt lets this crawler fetch `url`."""
         rules = await self.rules(url)
         if rules.unavailable is not None:
-            raise FetchError(rules.failure, url, rules.unavailable)
+            until = None
+            if rules.failure in TRANSIENT:  # not a refused address: that stays refused
+                until = time.time() + max(0.0, rules.expires - self._clock()) + UNTIL_SLACK
+            raise FetchError(rules.failure, url, rules.unavailable, until=until)
         if self._refuses(rules, url):
             raise refusal(url)
 

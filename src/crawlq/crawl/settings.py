@@ -49,6 +49,7 @@ class FetchSettings:
     ca_file: str | None = None  # a CA bundle to verify certificates with (system CAs if None)
     robots: bool = True
     robots_ttl: float = 24 * 3600.0
+    robots_retry: float = 60.0  # a site whose robots.txt is unreachable is paused this long
     max_crawl_delay: float = 60.0
     allow_networks: tuple[str, ...] = ()
 
@@ -57,6 +58,8 @@ class FetchSettings:
             raise ConfigError(f"max_redirects must be >= 0, got {self.max_redirects}")
         if self.max_bytes < 1:
             raise ConfigError(f"max_bytes must be positive, got {self.max_bytes}")
+        if not self.robots_retry > 0:
+            raise ConfigError(f"robots_retry must be positive, got {self.robots_retry}")
         if self.connections < 1:
             raise ConfigError(f"connections must be positive, got {self.connections}")
         for network in self.allow_networks:

@@ -1,0 +1,99 @@
+"""What a site's robots.txt answer means for its pages, as RFC 9309 says: unreachable (5xx,
+no connection) pauses the site until robots.txt is asked again, and each retry of a page
+meets a fresh answer; redirect loops allow everything; a huge one is parsed as far as
+MAX_ROBOTS_BYTES."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from aiohttp import web
+
+from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.robots import MAX_ROBOTS_BYTES
+from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
+
+from .conftest import FAST_RETRY, crawl_settings, fetch_settings
+from .test_crawl import records_by_url
+
+RETRY = 0.5  # robots_retry: how long an unreachable robots.txt stands
+
+
+def robots_hits(net: SyntheticWeb) -> list[float]:
+    return [h.at for h in net.hits_for("a.test") if h.path == "/robots.txt"]
+
+
+async def test_a_page_waits_out_a_robots_txt_that_failed_once_and_is_fetched_after_it(
+    tmp_path: Path,
+) -> None:
+    """Its retries (0.05 s apart) used to fail from the cached 503 without a request, for
+    the whole minute it stood: three attempts, a dead letter, the host never asked again."""
+    answers: list[int] = []
+
+    async def robots(request: web.Request) -> web.StreamResponse:
+        answers.append(503 if not answers else 200)
+        return web.Response(status=answers[-1], text="User-agent: *\nDisallow: /page/2\n")
+
+    site = Site(name="a.test", pages=3, routes={"/robots.txt": robots})
+    async with SyntheticWeb([site]) as net:
+        fetch = fetch_settings(net, robots_retry=RETRY)
+        crawl = Crawl(crawl_settings(net, tmp_path, fetch=fetch))
+        stats = await crawl.run([net.url("a.test")])
+    first, second = robots_hits(net)
+    assert answers == [503, 200] and second >= first + RETRY
+    assert [h.path for h in net.hits_for("a.test", pages_only=True)] == ["/page/0", "/page/1"]
+    assert all(h.at >= second for h in net.hits_for("a.test", pages_only=True))
+    seed = records_by_url(tmp_path)[net.url("a.test")]
+    assert [(r["error"], r["retry"], r["status"]) for r in seed] == [
+        ("robots_unavailable", True, None),
+        (None, False, 200),
+    ]
+    assert stats.dead == 0
+
+
+async def test_a_page_of_a_site_whose_robots_txt_never_answers_dies_one_attempt_per_answer(
+    tmp_path: Path,
+) -> None:
+    site = Site(name="a.test", pages=3, routes={"/robots.txt": respond(503, "busy")})
+    async with SyntheticWeb([site]) as net:
+        fetch = fetch_settings(net, robots_retry=RETRY)
+        crawl = Crawl(crawl_settings(net, tmp_path, fetch=fetch))
+        stats = await crawl.run([net.url("a.test")])
+        backend = await crawl.app.backend()
+        (dead,) = await backend.dead_letters("crawl")
+        await crawl.app.aclose()
+    asked = robots_hits(net)
+    assert len(asked) == FAST_RETRY.max_attempts == 3
+    assert all(later - earlier >= RETRY for earlier, later in itertools.pairwise(asked))
+    assert net.hits_for("a.test", pages_only=True) == []
+    assert stats.dead == 1 and "robots.txt answered 503" in dead.error
+
+
+async def test_a_robots_txt_behind_a_redirect_loop_allows_everything(tmp_path: Path) -> None:
+    site = Site(name="a.test", pages=3, routes={"/robots.txt": redirect("/robots.txt")})
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        stats = await crawl.run([net.url("a.test")])
+    assert sorted(h.path for h in net.hits_for("a.test", pages_only=True)) == [
+        "/page/0",
+        "/page/1",
+        "/page/2",
+    ]
+    assert stats.dead == 0 and len(robots_hits(net)) == 1
+
+
+async def test_a_robots_txt_over_the_size_cap_is_obeyed_as_far_as_it_was_read(
+    tmp_path: Path,
+) -> None:
+    """It used to fail TOO_LARGE, which allowed everything."""
+    text = "User-agent: *\nDisallow: /page/1\n" + "# padding\n" * (MAX_ROBOTS_BYTES // 5)
+    site = Site(name="a.test", pages=3, robots=text)
+    async with SyntheticWeb([site]) as net:
+        fetch = fetch_settings(net, max_bytes=MAX_ROBOTS_BYTES)
+        crawl = Crawl(crawl_settings(net, tmp_path, fetch=fetch))
+        await crawl.run([net.url("a.test")])
+    assert len(text) > 2 * MAX_ROBOTS_BYTES
+    assert [h.path for h in net.hits_for("a.test", pages_only=True)] == ["/page/0", "/page/2"]
+    record = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [r["error"] for r in record] == ["robots_disallowed"]
