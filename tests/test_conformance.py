@@ -507,6 +507,22 @@ async def test_dead_letters_can_be_listed_requeued_and_purged(
         await backend.dead_letters("nope")
 
 
+async def test_an_error_text_with_a_lone_surrogate_is_stored_escaped(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A file name decoded with surrogateescape, in an exception's text: UTF-8 cannot hold
+    it, and storing the failure raised UnicodeEncodeError, which a worker retried forever."""
+    name = b"report-\xff.pdf".decode("utf-8", "surrogateescape")
+    await schedule(backend, "jobs", ["a"])
+    (claimed,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=claimed, error=f"cannot parse {name}", traceback=name)])
+    (letter,) = await backend.dead_letters("jobs")
+    assert (letter.error, letter.traceback) == (
+        "cannot parse report-\\udcff.pdf",
+        "report-\\udcff.pdf",
+    )
+
+
 # -- 6. leases: heartbeats, expiry, release -----------------------------------------------------
 
 

@@ -109,6 +109,24 @@ class Failure:
     traceback: str = ""
     retry_at: float | None = None
 
+    def __post_init__(self) -> None:
+        # Backends store text as UTF-8, which a lone surrogate (from a file name or a
+        # header decoded with surrogateescape) cannot be: the store would refuse the
+        # failure, and the worker would hand it back again forever.
+        for name, text in (("error", self.error), ("traceback", self.traceback)):
+            storable = utf8_storable(text)
+            if storable is not text:
+                object.__setattr__(self, name, storable)
+
+
+def utf8_storable(text: str) -> str:
+    """`text`, its lone surrogates (if any) written as backslash escapes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Limit:
