@@ -30,3 +30,23 @@ def test_allowed_domains_match_hosts_and_their_sub_domains_only() -> None:
     assert scope.refusal("http://site11.test/") is not None
     assert scope.refusal("http://user@example.org/") is None
     assert scope.refusal("http://[::1]/") is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "canonical"),
+    [
+        ("http://e.test/a//b.html", "http://e.test/a//b.html"),
+        ("http://e.test/a//b", "http://e.test/a//b"),
+        ("http://e.test/a/./b/../c.html", "http://e.test/a/c.html"),
+        ("http://e.test/a/b/..", "http://e.test/a/"),
+        ("http://e.test/a/b/.", "http://e.test/a/b/"),
+        ("http://e.test/../../a", "http://e.test/a"),
+        ("http://e.test/..", "http://e.test/"),
+        ("http://e.test/a//../b", "http://e.test/a/b"),
+        ("http://e.test/.hidden/x.y", "http://e.test/.hidden/x.y"),
+    ],
+)
+def test_dot_segments_go_and_empty_segments_stay(url: str, canonical: str) -> None:
+    """posixpath.normpath folded /a//b.html into /a/b.html (only when the path had a dot),
+    another resource to the server."""
+    assert canonicalize(url) == canonical

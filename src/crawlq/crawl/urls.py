@@ -7,7 +7,6 @@ path made "/". The query keeps its order: servers may care about it.
 
 from __future__ import annotations
 
-import posixpath
 import re
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
@@ -27,15 +26,21 @@ def _normalize_escapes(part: str, safe: str) -> str:
 
 
 def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 section 5.2.4 on an absolute path: "." and ".." segments resolved, and only
+    they (an empty segment stays: /a//b is not /a/b to a server)."""
     if "." not in path:
         return path
-    trailing = path.endswith(("/", "/.", "/.."))
-    normalized = posixpath.normpath(path)
-    if normalized.startswith("//"):
-        normalized = "/" + normalized.lstrip("/")
-    if trailing and normalized != "/":
-        normalized += "/"
-    return normalized
+    segments = path.split("/")[1:]
+    kept: list[str] = []
+    for segment in segments:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment != ".":
+            kept.append(segment)
+    if segments[-1] in (".", ".."):
+        kept.append("")  # /a/b/.. is /a/
+    return "/" + "/".join(kept)
 
 
 def canonicalize(url: str) -> str | None:
