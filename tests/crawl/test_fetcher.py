@@ -70,6 +70,42 @@ async def test_a_redirect_loop_stops_with_its_hops_and_no_extra_request(net: Syn
     assert paths(net, "a.test") == ["/robots.txt", "/loop/a", "/loop/b"]
 
 
+async def test_a_redirect_to_the_same_url_with_a_new_cookie_is_followed(
+    net: SyntheticWeb,
+) -> None:
+    """A site that sets a cookie and sends the browser back to the same page: it was taken
+    for a loop at once, though browsers, curl and Scrapy all get the page."""
+
+    async def cookie_gate(request: web.Request) -> web.StreamResponse:
+        if request.cookies.get("visited") == "1":
+            return web.Response(text="<title>in</title>", content_type="text/html")
+        answer = web.Response(status=302, headers={"Location": "/gate"})
+        answer.set_cookie("visited", "1")
+        return answer
+
+    net.sites["a.test"].routes["/gate"] = cookie_gate
+    net.sites["a.test"].routes["/again"] = redirect("/again")
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/gate"))
+        with pytest.raises(FetchError) as caught:
+            await fetcher.fetch(net.url("a.test", "/again"))
+    assert response.status == 200 and [h.status for h in response.history] == [302]
+    assert caught.value.reason is Reason.REDIRECT_LOOP  # no new cookie: a loop, as before
+    assert paths(net, "a.test") == ["/robots.txt", "/gate", "/gate", "/again"]
+
+
+async def test_a_utf8_location_is_read_as_utf8(net: SyntheticWeb) -> None:
+    """Headers are kept as Latin-1: /café, sent as UTF-8 bytes, was requested as
+    /caf%C3%83%C2%A9."""
+    net.sites["a.test"].routes["/old"] = redirect("/café")
+    net.sites["a.test"].routes["/café"] = respond(200, "<title>café</title>")
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/old"))
+    assert response.status == 200
+    assert response.url == net.url("a.test", "/caf%C3%A9")
+    assert paths(net, "a.test")[-1] == "/caf%C3%A9"
+
+
 async def test_too_many_redirects(net: SyntheticWeb) -> None:
     site = net.sites["a.test"]
     for n in range(5):

@@ -43,6 +43,7 @@ from .resolver import StaticResolver
 from .response import Response
 from .robots import MAX_ROBOTS_BYTES, RobotsCache
 from .settings import FetchSettings
+from .urls import canonicalize
 
 HopCheck = Callable[[str], Awaitable[None]]
 
@@ -383,7 +384,9 @@ class Fetcher:
         TOO_LARGE over max_bytes."""
         use_robots = self.settings.robots if robots is None else robots
         history: list[Response] = []
-        visited = {url}
+        # A URL seen again with the same cookies is a loop; with new ones (a site that sets
+        # a cookie and redirects to the same page) it is the way in.
+        visited = {url: _cookies_for(session, url)}
         current = url
         total = self.settings.timeouts.total
         while True:
@@ -423,8 +426,10 @@ class Fetcher:
             if not (follow and response.is_redirect):
                 return response
             history.append(response)
-            target = _redirect_target(current, response.header("Location") or "", history)
-            if target in visited:
+            location = _header_text(response.header("Location") or "")
+            target = _redirect_target(current, location, history)
+            cookies = _cookies_for(session, target)
+            if visited.get(target) == cookies:
                 raise FetchError(
                     Reason.REDIRECT_LOOP,
                     url,
@@ -438,7 +443,7 @@ class Fetcher:
                     f"more than {self.settings.max_redirects} redirects",
                     responses=history,
                 )
-            visited.add(target)
+            visited[target] = cookies
             if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                 method, data = "GET", None
             current = target
@@ -581,8 +586,29 @@ def _tls(settings: FetchSettings) -> ssl.SSLContext | bool:
     return ssl.create_default_context(cafile=settings.ca_file)
 
 
+def _cookies_for(session: Session, url: str) -> frozenset[tuple[str, str]]:
+    """The cookies the session would send to `url`."""
+    try:
+        sent = session.client.cookie_jar.filter_cookies(URL(url))
+    except ValueError:
+        return frozenset()
+    return frozenset((name, morsel.value) for name, morsel in sent.items())
+
+
+def _header_text(value: str) -> str:
+    """A header value as text: kept as Latin-1 (so every byte survives), but a non-ASCII one
+    that is valid UTF-8, as a Location nearly always is, read as UTF-8, as browsers do."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
 def _redirect_target(current: str, location: str, history: list[Response]) -> str:
-    """Where a redirect leads, without its fragment; BAD_RESPONSE if not an http(s) URL."""
+    """Where a redirect leads, canonical (so without its fragment, and escaped as a link to
+    it would be); BAD_RESPONSE if not an http(s) URL."""
     try:
         target = urljoin(current, location).split("#", 1)[0]
         parts = urlsplit(target)
@@ -601,7 +627,7 @@ def _redirect_target(current: str, location: str, history: list[Response]) -> st
             _one_line(f"redirect to a URL that is not http(s): {location!r}"),
             responses=history,
         )
-    return target
+    return canonicalize(target) or target
 
 
 def _with_history(response: Response, history: list[Response]) -> Response:
