@@ -288,6 +288,20 @@ async def test_depth_limit_and_page_budget(tmp_path: Path) -> None:
     assert len(records_by_url(tmp_path / "budget")) == 5
 
 
+async def test_links_robots_txt_refuses_take_nothing_of_the_page_budget(tmp_path: Path) -> None:
+    """/page/0 links /page/1 (refused) and /page/2; /page/2 links /page/3, 5 and 6. A budget
+    of 3 pages fetches 0, 2 and 3: the refused link, recorded without a request, used to
+    take a page of it."""
+    site = Site(name="a.test", pages=7, robots="User-agent: *\nDisallow: /page/1\n")
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path, max_pages=3, concurrency_per_domain=1))
+        await crawl.run([net.url("a.test")])
+    fetched = [h.path for h in net.hits_for("a.test", pages_only=True)]
+    assert sorted(fetched) == ["/page/0", "/page/2", "/page/3"]
+    refused = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [r["error"] for r in refused] == ["robots_disallowed"]
+
+
 async def test_a_user_task_fetches_politely_through_its_context(tmp_path: Path) -> None:
     robots = "User-agent: *\nDisallow: /private\n"
     outcomes: dict[str, str] = {}

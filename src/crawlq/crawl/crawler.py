@@ -303,18 +303,21 @@ class Crawl:
             for link in links
             if link not in known and link not in exclude and scope.refusal(link) is None
         ]
-        admitted = await self.budget.admit(wanted)
-        if not admitted:
-            return 0
         robots = ctx.fetcher.robots if ctx.fetcher.settings.robots else None
+        # Links robots.txt (at hand) refuses are recorded, never fetched: no page of the budget.
+        refused = {link for link in wanted if robots is not None and robots.disallows(link)}
+        admitted = set(await self.budget.admit([link for link in wanted if link not in refused]))
+        scheduled = [link for link in wanted if link in admitted or link in refused]
+        if not scheduled:
+            return 0
         elements: list[JSON] = [
             {"url": link, "depth": depth, "refused": True}
-            if robots is not None and robots.disallows(link)
+            if link in refused
             else {"url": link, "depth": depth}
-            for link in admitted
+            for link in scheduled
         ]
         result = await ctx.schedule_many(self.task, elements, only_if_new=True)
-        self._known.add(ctx.backend, known, admitted)
+        self._known.add(ctx.backend, known, scheduled)
         return result.added
 
 
