@@ -20,7 +20,7 @@ import redis
 from crawlq.backends import Backend, open_backend
 from crawlq.backends.redis.globs import lua_pattern
 from crawlq.backends.redis.lanes import Lanes, pack
-from crawlq.errors import BackendError, BackendUnavailable, ConfigError
+from crawlq.errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from crawlq.observe.logs import redact
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import Failure, Limit, LimitRule
@@ -628,3 +628,44 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
     finally:
         client.close()
         await backend.close()
+
+
+async def test_big_batches_go_in_calls_of_a_bounded_size(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Lua function holds the whole server: one of 200,000 elements kept every other client
+    waiting 8.5 s. With calls of 3 here: a schedule of 10 elements, a claim of 10 and a
+    requeue of every dead letter each take several calls, and give what one call gave."""
+    from crawlq.backends.redis import backend as redis_backend
+
+    monkeypatch.setattr(redis_backend, "CALL_ITEMS", 3)
+    client = redis.Redis.from_url(redis_server.url.partition("?")[0])
+    backend = open_backend(f"{redis_server.url}?namespace=chunks", clock=ManualClock())
+    await backend.open()
+
+    def calls() -> int:
+        stats: Any = client.info("commandstats")
+        return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+    try:
+        await backend.ensure_queues([config("jobs")])
+        before = calls()
+        elements = [f"e{n}" for n in range(10)]
+        result = await schedule(backend, "jobs", elements)
+        assert result.added == 10 and calls() - before == 4
+        first = await backend.claim(["jobs"], worker="w", limit=10, lease=60)
+        assert len(first.elements) == 3
+        claimed = first.elements + await claim(backend, "jobs", limit=10)
+        claimed += await claim(backend, "jobs", limit=10)
+        claimed += await claim(backend, "jobs", limit=10)
+        assert sorted(json.loads(c.payload) for c in claimed) == elements
+        await backend.fail([Failure(element=c, error="gone") for c in claimed])
+        before = calls()
+        assert await backend.requeue_dead("jobs") == 10 and calls() - before == 4
+        assert await backend.dead_letters("jobs", limit=0) == []
+        with pytest.raises(UnknownQueue):
+            await schedule(backend, "nope", [url("a.test", n) for n in range(10)])
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+        client.close()

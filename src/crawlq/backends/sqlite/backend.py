@@ -244,7 +244,7 @@ class SQLiteBackend:
     async def dead_letters(
         self, queue: str, *, limit: int = 100, offset: int = 0
     ) -> list[DeadLetter]:
-        return await self._call(self.engine.dead_letters, queue, limit, offset)
+        return await self._call(self.engine.dead_letters, queue, max(0, limit), offset)
 
     async def requeue_dead(self, queue: str, keys: Sequence[str] | None = None) -> int:
         return await self._woken(functools.partial(self.engine.take_dead, queue, keys, True))

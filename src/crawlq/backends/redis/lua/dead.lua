@@ -1,10 +1,10 @@
 -- dead: takes dead letters of a queue out, requeueing them (due now, priority 0, attempts
--- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, keys or false for all}
--- Returns how many were taken.
+-- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, keys or false for the oldest
+-- `most`, most}. Returns how many were taken.
 local args = cmsgpack.unpack(ARGV[3])
-local queue, requeue_them, keys = args[1], args[2], args[3]
+local queue, requeue_them, keys, most = args[1], args[2], args[3], args[4]
 local dead, order = qkey(queue, 'x'), qkey(queue, 'xo')
-if not keys then keys = redis.call('ZRANGE', order, 0, -1) end
+if not keys then keys = redis.call('ZRANGE', order, 0, most - 1) end
 local taken, touched = 0, {}
 for _, key in ipairs(keys) do
     local raw = redis.call('HGET', dead, key)
