@@ -539,6 +539,23 @@ async def test_a_lapsed_block_then_a_claim_in_another_queue_of_the_group_leaves_
     assert [c.payload for c in await claim(backend, "logins")] == [json.dumps(url("a.com", 2))]
 
 
+async def test_a_schedule_while_it_ran_wins_over_its_last_failure(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """It was dead-lettered and queued again at once; acked later, its dead letter stayed,
+    and requeueing the letters ran the finished element once more."""
+    await schedule(backend, "jobs", ["a"])
+    (first,) = await claim(backend, "jobs")
+    await schedule(backend, "jobs", ["a"], seconds=5)
+    await backend.fail([Failure(element=first, error="gone for good")])
+    assert await backend.dead_letters("jobs") == []
+    counts_now = await counts(backend, "jobs")
+    assert (counts_now["dead"], counts_now["delayed"]) == (0, 1)
+    clock.advance(5)
+    (again,) = await claim(backend, "jobs")
+    assert again.attempt == 1
+
+
 # -- 6. leases: heartbeats, expiry, release -----------------------------------------------------
 
 
@@ -571,6 +588,37 @@ async def test_heartbeats_keep_a_lease(backend: Backend, clock: ManualClock) -> 
     assert (await counts(backend, "jobs"))["running"] == 1
     (live,) = await backend.workers()
     assert live.heartbeat == clock()
+
+
+async def test_a_claim_leasing_for_no_time_and_a_block_of_no_group_leave_the_store_sound(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """On Redis the first failed after the claim's writes (PX 0) and left the element
+    running; the second made a group record for the "" of elements in no group."""
+    await schedule(backend, "jobs", ["a"])
+    (taken,) = await claim(backend, "jobs", lease=0)
+    await backend.block_group("", clock() + 60, "nothing to block")
+    assert await backend.check() == []
+    await backend.ack([taken])  # a lease that ran out, not run again: the ack finishes it
+    assert (await counts(backend, "jobs"))["total"] == 0
+
+
+async def test_a_worker_forgotten_while_its_heartbeats_stalled_is_listed_again_by_the_next(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A heartbeat only updated a registered worker: one pruned after 120 s of silence (a
+    stopped process, a stalled write) was never listed again, nor woken."""
+    from crawlq.types import WorkerInfo
+
+    def info(name: str) -> WorkerInfo:
+        return WorkerInfo(id=name, host="h", pid=1, queues=("jobs",), started=clock(), heartbeat=0)
+
+    await backend.register_worker(info("w1"))
+    clock.advance(121)
+    await backend.register_worker(info("w2"))  # prunes the silent w1
+    assert [w.id for w in await backend.workers()] == ["w2"]
+    await backend.heartbeat(info("w1"), [], 60)
+    assert sorted(w.id for w in await backend.workers()) == ["w1", "w2"]
 
 
 async def test_ack_of_an_expired_but_not_rerun_element_finishes_it(

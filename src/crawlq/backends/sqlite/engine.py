@@ -445,7 +445,9 @@ class Engine:
         def failed(i: int, lease: Lease, now: float, pairs: set[Pair]) -> None:
             failure = failures[i]
             element = failure.element
-            if failure.retry_at is not None:
+            # A schedule that came while it ran (next_due) wins over a last failure too: it
+            # would take a dead letter out again.
+            if failure.retry_at is not None or lease[3] is not None:
                 pair = (lease[0], lease[1])
                 self._requeue(element.ref, failure.retry_at, now, 0, failure.error, pair, pairs)
                 return
@@ -506,7 +508,7 @@ class Engine:
                     for e in elements
                 ],
             )
-            self.store.run("worker_heartbeat", {"id": worker.id, "now": now})
+            self.store.run("worker_upsert", self._worker_row(worker, now))  # again, if pruned
             self.store.run("workers_prune", {"before": now - WORKER_TTL})
 
     # -- workers ---------------------------------------------------------------------------
@@ -523,18 +525,19 @@ class Engine:
         with self.store.transaction():
             now = self.clock()
             self.store.run("workers_prune", {"before": now - WORKER_TTL})
-            self.store.run(
-                "worker_upsert",
-                {
-                    "id": worker.id,
-                    "host": worker.host,
-                    "pid": worker.pid,
-                    "queues": ",".join(worker.queues),
-                    "now": now,
-                    "wake_address": worker.wake_address,
-                    "concurrency": worker.concurrency,
-                },
-            )
+            self.store.run("worker_upsert", self._worker_row(worker, now))
+
+    @staticmethod
+    def _worker_row(worker: WorkerInfo, now: float) -> dict[str, object]:
+        return {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "queues": ",".join(worker.queues),
+            "now": now,
+            "wake_address": worker.wake_address,
+            "concurrency": worker.concurrency,
+        }
 
     def unregister_worker(self, worker_id: str) -> None:
         with self.store.transaction():

@@ -296,9 +296,6 @@ INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address, co
 VALUES (:id, :host, :pid, :queues, :now, :now, :wake_address, :concurrency)
     ON CONFLICT (id) DO UPDATE SET heartbeat = excluded.heartbeat;
 
--- name: worker_heartbeat
-UPDATE workers SET heartbeat = :now WHERE id = :id;
-
 -- name: worker_delete
 DELETE FROM workers WHERE id = :id;
 

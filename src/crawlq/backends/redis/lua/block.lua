@@ -2,6 +2,7 @@
 -- reason or false}. Lifting a block (false) makes the group claimable at once.
 local args = cmsgpack.unpack(ARGV[3])
 local group, blocked_until, reason = args[1], args[2], args[3]
+if group == '' then return 1 end  -- elements in no group have no limits to keep
 ensure_group(group)
 if blocked_until then
     redis.call('HSET', gkey(group), 'bu', fmt(blocked_until))

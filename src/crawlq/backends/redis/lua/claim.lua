@@ -221,6 +221,7 @@ end
 wake()
 local reply = cmsgpack.pack(result)
 if #result > 2 then
-    redis.call('SET', last_claim, token .. reply, 'PX', math.ceil(math.min(lease, 60) * 1000))
+    -- At least 1 ms: PX 0 is an error, and it would come after every write of the claim.
+    redis.call('SET', last_claim, token .. reply, 'PX', math.max(1, math.ceil(math.min(lease, 60) * 1000)))
 end
 return reply

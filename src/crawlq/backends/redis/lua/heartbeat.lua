@@ -1,4 +1,5 @@
--- heartbeat: extends the leases a worker still holds and records that it is alive.
+-- heartbeat: extends the leases a worker still holds and records that it is alive. Returns 0
+-- if the worker is not registered (pruned after WORKER_TTL of silence), 1 otherwise.
 -- ARGV[3]: msgpack {worker id, lease seconds, items...}; an item is
 --   {queue, key, id, attempt, digest (6 bytes), claimed at}
 local args = cmsgpack.unpack(ARGV[3])
@@ -17,5 +18,6 @@ if raw then
     local info = cmsgpack.unpack(raw)
     info[5] = NOW
     redis.call('HSET', P .. 'workers', worker, cmsgpack.pack(info))
+    return 1
 end
-return 1
+return 0

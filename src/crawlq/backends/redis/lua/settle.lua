@@ -18,7 +18,9 @@ for i = 2, #args do
             finish(queue, field, rec, seen, bucket, touched)
         elseif action == 'release' then
             requeue(queue, field, rec, due, -1, false, touched)
-        elseif retry_at then
+        elseif retry_at or rec[NEXT_DUE] then
+            -- A schedule that came while it ran wins over a last failure too: it would take
+            -- a dead letter out again.
             requeue(queue, field, rec, retry_at, 0, err, touched)
         else
             local dead = qkey(queue, 'x')
