@@ -669,3 +669,29 @@ async def test_big_batches_go_in_calls_of_a_bounded_size(
     finally:
         await backend.close()
         client.close()
+
+
+async def test_a_batch_with_a_bad_item_is_refused_before_anything_is_written(
+    redis_server: RedisServer,
+) -> None:
+    """A Lua error undoes nothing: the good element before a priority of None was stored
+    with no frontier row, never claimable, and the counts were off."""
+    from crawlq.tasks import prepare
+
+    backend = open_backend(f"{redis_server.url}?namespace=bad-batch", clock=ManualClock())
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        good = prepare(config("pages"), url("a.test", 1), due=backend.now())
+        bad = prepare(config("pages"), url("a.test", 2), due=backend.now())
+        object.__setattr__(bad, "priority", None)
+        with pytest.raises(ConfigError, match="priority"):
+            await backend.schedule([good, bad])
+        object.__setattr__(bad, "priority", 0)
+        object.__setattr__(bad, "due", float("nan"))
+        with pytest.raises(ConfigError, match="due"):
+            await backend.schedule([good, bad])
+        (stats,) = await backend.queue_stats()
+        assert stats.total == 0 and await backend.check() == []
+    finally:
+        await backend.close()
