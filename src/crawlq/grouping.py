@@ -93,6 +93,49 @@ def _numeric_host(host: str, url: str) -> str:
         raise InvalidElement(f"URL {url!r}: {host!r} is not a valid IPv4 address") from None
 
 
+def group_name(name: str) -> str:
+    """`name` in the one spelling of group names, whoever wrote it: lower case, no trailing
+    dot, each label that is not ASCII in its IDNA (xn--) form, as `url_host` spells hosts.
+    The names a task's group function returns, limit patterns and the groups typed on the
+    command line all pass here, so that `Partner-A` or `bücher.de` means the same group
+    wherever it is written. A label IDNA cannot encode stays as it is, in lower case."""
+    return _normal_name(name, wildcards="")
+
+
+def group_pattern(pattern: str) -> str:
+    """A limit pattern in the spelling of the names it should match (`group_name`); labels
+    holding a wildcard (* ? [) are only lower-cased."""
+    return _normal_name(pattern, wildcards="*?[")
+
+
+def _normal_name(name: str, wildcards: str) -> str:
+    lowered = name.lower()
+    if not lowered.isascii():
+        lowered = ".".join(
+            _idna_label(label) if not any(c in wildcards for c in label) else label
+            for label in _LABEL_DOTS.split(lowered)
+        )
+    if lowered.endswith("."):
+        stripped = lowered.rstrip(".")
+        # "*." and "a[.]." are patterns whose trailing dot is part of what they match
+        if stripped and stripped[-1] not in "*?[]":
+            return stripped
+    return lowered
+
+
+#: The dots IDNA separates labels with (as Python's idna codec and browsers read them).
+_LABEL_DOTS = re.compile("[.\u3002\uff0e\uff61]")
+
+
+def _idna_label(label: str) -> str:
+    if label.isascii():
+        return label
+    try:
+        return label.encode("idna").decode("ascii")
+    except UnicodeError:
+        return label
+
+
 @lru_cache(maxsize=65536)
 def registered_domain(host: str) -> str:
     """example.co.uk for a.b.example.co.uk; an IP address or a bare name stays as it is."""
@@ -109,7 +152,9 @@ def group_of(element: JSON, group_by: GroupBy, function: GroupFunction | None = 
     if group_by is GroupBy.CUSTOM:
         if function is None:
             raise InvalidElement("this queue derives groups with Python code of its task")
-        return function(element) or NO_GROUP
+        group = function(element)
+        # not a str: check_group names what the function returned
+        return group_name(group) if isinstance(group, str) else group or NO_GROUP
     url = element_url(element)
     if url is None:
         return NO_GROUP

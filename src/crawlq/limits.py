@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
 from .errors import ConfigError
+from .grouping import group_pattern
 from .types import Limit, LimitRule
 
 DEFAULT_PATTERN = "*"
@@ -24,9 +25,12 @@ def specificity(pattern: str) -> tuple[int, int]:
 
 
 def check_pattern(pattern: str) -> str:
+    """`pattern` spelled as the group names it matches are (`grouping.group_name`: lower
+    case, IDNA, no trailing dot), so that `Partner-A` limits the group a task's function
+    names Partner-A, and `bücher.de` the host of http://bücher.de/."""
     if not pattern or pattern != pattern.strip():
         raise ConfigError(f"limit pattern {pattern!r} must be a non-empty glob without spaces")
-    return pattern.lower()
+    return group_pattern(pattern)
 
 
 def is_exact(pattern: str) -> bool:
