@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -12,7 +13,9 @@ import click
 
 from .. import checks
 from ..app import limit_of
+from ..backends import Backend
 from ..errors import ConfigError, CrawlqError
+from ..grouping import group_name
 from ..identity import canonical_json, parse_json
 from ..limits import check_pattern
 from ..observe.logs import redact
@@ -350,15 +353,40 @@ def limits_delete(
 ) -> None:
     """Remove the rule for PATTERN."""
     url = _limits_url(ctx, app_spec, backend_url)
-    pattern = check_pattern(checks.name(pattern, "limit pattern"))
+    typed = checks.name(pattern, "limit pattern")
+    # Rules stored before patterns were spelled as group names (IDNA, no trailing dot) kept
+    # their own spelling: found by it when not by the new one.
+    spellings = list(dict.fromkeys([check_pattern(typed), typed.lower()]))
 
-    async def main() -> bool:
+    async def main() -> str | None:
         async with connected(url) as backend:
-            return await backend.delete_limit(pattern)
+            for spelling in spellings:
+                if await backend.delete_limit(spelling):
+                    return spelling
+            return None
 
-    if not run(main):
-        raise ConfigError(f"no limit rule {pattern!r}")
-    click.echo(f"deleted {pattern}")
+    deleted = run(main)
+    if deleted is None:
+        raise ConfigError(f"no limit rule {spellings[0]!r}")
+    click.echo(f"deleted {deleted}")
+
+
+def _group(typed: str) -> str:
+    """A group typed by hand, in the spelling of group names (lower case, IDNA, no trailing
+    dot), as the groups of elements are made."""
+    return group_name(checks.name(typed, "group"))
+
+
+async def _warn_if_idle(backend: Backend, group: str, typed: str) -> None:
+    """Says on stderr when no queued or running element is in `group`: most often a group
+    typed other than crawlq names it (a host with a port or a path, a custom name)."""
+    if await backend.group_stats(glob.escape(group), limit=1):
+        return
+    spelled = f" (as crawlq spells {typed!r})" if group != typed else ""
+    click.echo(
+        f"Warning: no queued or running element is in group {group!r}{spelled}",
+        err=True,
+    )
 
 
 @limits.command("block")
@@ -376,14 +404,16 @@ def limits_block(
     backend_url: str | None,
     app_spec: str | None,
 ) -> None:
-    """Start nothing of GROUP (a host) for a while."""
+    """Start nothing of GROUP (a host, such as example.com) for a while. Warns when no
+    queued or running element is in GROUP, and blocks it all the same."""
     url = _limits_url(ctx, app_spec, backend_url)
-    group = checks.name(group, "group")
+    typed, group = group, _group(group)
     seconds = checks.seconds(seconds, "--for")
 
     async def main() -> None:
         async with connected(url) as backend:
             await backend.block_group(group, backend.now() + seconds, reason)
+            await _warn_if_idle(backend, group, typed)
 
     run(main)
     click.echo(f"{group} blocked for {seconds:g}s")
@@ -397,13 +427,14 @@ def limits_block(
 def limits_unblock(
     ctx: click.Context, group: str, backend_url: str | None, app_spec: str | None
 ) -> None:
-    """Lift a block on GROUP."""
+    """Lift a block on GROUP. Warns when no queued or running element is in GROUP."""
     url = _limits_url(ctx, app_spec, backend_url)
-    group = checks.name(group, "group")
+    typed, group = group, _group(group)
 
     async def main() -> None:
         async with connected(url) as backend:
             await backend.block_group(group, None, None)
+            await _warn_if_idle(backend, group, typed)
 
     run(main)
     click.echo(f"{group} unblocked")

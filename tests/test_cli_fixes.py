@@ -1,0 +1,98 @@
+"""The `crawlq` command where it answered wrongly without a word: groups typed by hand in
+another spelling than crawlq's. The real CLI in a subprocess, on a real SQLite file
+(tests/test_cli.py's harness)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from crawlq.backends import open_backend
+from crawlq.types import Limit, LimitRule
+
+from .test_cli import APP, Cli, counts, report
+
+BUCHER = "xn--bcher-kva.example.test"  # bücher.example.test as hosts are grouped
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+@pytest.fixture
+def started(cli: Cli) -> Cli:
+    assert report(cli.ok("start", APP)) == counts(added=1)
+    return cli
+
+
+# -- limits block / unblock / set / delete: the group as crawlq spells it ---------------------
+
+
+def test_block_and_unblock_spell_the_host_as_groups_are_spelled(started: Cli) -> None:
+    started.ok("schedule", "fetch", '"http://a.example.test/1"', '"http://bücher.example.test/1"')
+
+    ran = started.ok("limits", "block", "A.Example.TEST.", "--for", "600")
+    assert ran.out.strip() == "a.example.test blocked for 600s"
+    assert ran.err == "", ran
+    ran = started.ok("limits", "block", "BÜCHER.example.test", "--for", "600", "--reason", "r")
+    assert ran.out.strip() == f"{BUCHER} blocked for 600s"
+    assert ran.err == "", ran
+    groups = started.groups()
+    assert groups["a.example.test"]["block_reason"] == "blocked by hand"
+    assert groups["a.example.test"]["blocked_until"] > time.time() + 300
+    assert groups[BUCHER]["block_reason"] == "r"
+    assert set(groups) == {"a.example.test", BUCHER}
+
+    ran = started.ok("limits", "unblock", "Bücher.Example.Test")
+    assert ran.out.strip() == f"{BUCHER} unblocked"
+    assert started.groups()[BUCHER]["block_reason"] is None
+    assert started.groups()["a.example.test"]["block_reason"] == "blocked by hand"
+
+
+def test_block_and_unblock_warn_when_no_element_is_in_the_group(started: Cli) -> None:
+    ran = started.ok("limits", "block", "nobody.example.test", "--for", "60")
+    assert ran.out.strip() == "nobody.example.test blocked for 60s"
+    assert ran.err.strip() == (
+        "Warning: no queued or running element is in group 'nobody.example.test'"
+    )
+    ran = started.ok("limits", "unblock", "Nobody.Example.TEST")
+    assert ran.out.strip() == "nobody.example.test unblocked"
+    assert ran.err.strip() == (
+        "Warning: no queued or running element is in group 'nobody.example.test'"
+        " (as crawlq spells 'Nobody.Example.TEST')"
+    )
+
+
+def test_limits_set_and_delete_spell_a_pattern_as_groups_are_spelled(started: Cli) -> None:
+    started.ok("schedule", "fetch", '"http://bücher.example.test/1"')
+    ran = started.ok("limits", "set", "Bücher.Example.TEST.", "--concurrency", "1")
+    assert ran.out.strip() == f"{BUCHER}: 1 at once, 0s apart"
+    assert started.groups()[BUCHER]["limit"] == {"concurrency": 1, "interval": 0.0}
+    ran = started.ok("limits", "set", "*.Bücher.Example.TEST", "--interval", "3")
+    assert ran.out.strip() == f"*.{BUCHER}: unlimited at once, 3s apart"
+
+    assert started.ok("limits", "delete", "bücher.example.test").out.strip() == (
+        f"deleted {BUCHER}"
+    )
+    assert started.groups()[BUCHER]["limit"] == {"concurrency": 2, "interval": 0.0}
+    started.ok("limits", "delete", "*.BÜCHER.example.test")
+    assert not any("bcher" in pattern for pattern in started.limits())
+
+
+def test_a_rule_stored_in_an_older_spelling_can_still_be_deleted(started: Cli) -> None:
+    async def store_old_rule() -> None:
+        backend = open_backend(started.url)
+        await backend.open()
+        try:
+            await backend.set_limits([LimitRule(pattern="bücher.test", limit=Limit(interval=1))])
+        finally:
+            await backend.close()
+
+    asyncio.run(store_old_rule())
+    assert "bücher.test" in started.limits()
+    assert started.ok("limits", "delete", "Bücher.test").out.strip() == "deleted bücher.test"
+    assert "bücher.test" not in started.limits()
