@@ -755,7 +755,9 @@ def test_dead_list_requeue_purge(started: Cli) -> None:
 
     assert started.ok("dead", "requeue", "explode", keys[1]).out.strip() == "requeued 1"
     assert started.queue("explode") == empty(total=1, due=1, dead=2)
-    assert started.ok("dead", "requeue", "explode", keys[1]).out.strip() == "requeued 0"
+    again = started.run("dead", "requeue", "explode", keys[1])  # queued now, not dead
+    assert (again.code, again.out.strip()) == (1, "requeued 0"), again
+    assert f"not dead in explode: {keys[1]!r}" in again.err, again
     assert started.queue("explode") == empty(total=1, due=1, dead=2)
 
     # the re-queued element gets fresh attempts, and dies again

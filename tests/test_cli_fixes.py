@@ -1,6 +1,6 @@
 """The `crawlq` command where it answered wrongly without a word: groups typed by hand in
-another spelling than crawlq's. The real CLI in a subprocess, on a real SQLite file
-(tests/test_cli.py's harness)."""
+another spelling than crawlq's, dead keys given as plain text. The real CLI in a subprocess,
+on a real SQLite file (tests/test_cli.py's harness)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from crawlq.backends import open_backend
 from crawlq.types import Limit, LimitRule
 
-from .test_cli import APP, Cli, counts, report
+from .test_cli import APP, Cli, counts, empty, report
 
 BUCHER = "xn--bcher-kva.example.test"  # bücher.example.test as hosts are grouped
 
@@ -96,3 +96,61 @@ def test_a_rule_stored_in_an_older_spelling_can_still_be_deleted(started: Cli) -
     assert "bücher.test" in started.limits()
     assert started.ok("limits", "delete", "Bücher.test").out.strip() == "deleted bücher.test"
     assert "bücher.test" not in started.limits()
+
+
+# -- dead requeue / purge: --text, and a clear answer when a key is not dead ------------------
+
+X = "https://a.example.test/x"
+Y = "https://a.example.test/y"
+
+
+@pytest.fixture
+def two_dead(started: Cli) -> Cli:
+    started.ok("schedule", "explode", "--text", X, Y)
+    started.ok("worker", APP, "--queue", "explode", "--burst")
+    assert started.queue("explode") == empty(dead=2)
+    return started
+
+
+def test_dead_requeue_of_an_unquoted_url_fails_and_says_how(two_dead: Cli) -> None:
+    ran = two_dead.run("dead", "requeue", "explode", X)
+    assert ran.code == 1, ran
+    assert ran.out.strip() == "requeued 0", ran
+    [line] = ran.err.strip().splitlines()
+    assert line.startswith(
+        f"Error: requeued 0 of the 1 elements named; not dead in explode: {X!r}"
+    ), ran
+    assert "--text" in line, ran
+    assert "Traceback" not in ran.err, ran
+    assert two_dead.queue("explode") == empty(dead=2)
+
+    assert two_dead.ok("dead", "requeue", "explode", "--text", X).out.strip() == "requeued 1"
+    assert two_dead.queue("explode") == empty(total=1, due=1, dead=1)
+    assert [d["key"] for d in two_dead.dead("explode")] == [f'"{Y}"']
+
+
+def test_dead_purge_takes_text_keys_too(two_dead: Cli) -> None:
+    ran = two_dead.run("dead", "purge", "explode", Y)
+    assert ran.code == 1, ran
+    assert ran.out.strip() == "purged 0", ran
+    assert two_dead.queue("explode") == empty(dead=2)
+    assert two_dead.ok("dead", "purge", "explode", "--text", Y, Y).out.strip() == "purged 1"
+    assert [d["key"] for d in two_dead.dead("explode")] == [f'"{X}"']
+
+
+def test_dead_requeue_names_only_the_keys_that_were_not_dead(two_dead: Cli) -> None:
+    gone = "https://a.example.test/never-queued"
+    ran = two_dead.run("dead", "requeue", "explode", "--text", X, gone)
+    assert ran.code == 1, ran
+    assert ran.out.strip() == "requeued 1", ran
+    [line] = ran.err.strip().splitlines()
+    gone_key = f'"{gone}"'
+    assert line == f"Error: requeued 1 of the 2 elements named; not dead in explode: {gone_key!r}"
+    assert two_dead.queue("explode") == empty(total=1, due=1, dead=1)
+
+    # named again, X is queued, not dead: said so, as for any key
+    x_key = f'"{X}"'
+    ran = two_dead.run("dead", "requeue", "explode", x_key)
+    assert ran.code == 1, ran
+    assert f"not dead in explode: {x_key!r}" in ran.err, ran
+    assert "--text" not in ran.err, ran  # the key was JSON: no hint

@@ -204,55 +204,122 @@ def dead_list(
         click.echo(f"{when}  attempts={d.attempts}  {redact(d.payload)}\n    {redact(d.error)}")
 
 
-def _canonical_key(key: str) -> str:
-    """A key as stored: JSON keys in canonical form whatever their spelling; others as given."""
+def _canonical_key(key: str, text: bool) -> str:
+    """A key as stored: with `text`, the key of the text element `key` (its JSON); JSON keys
+    in canonical form whatever their spelling; others (keys of a task's key function) as
+    given."""
+    if text:
+        return canonical_json(key)
     try:
         return canonical_json(parse_json(key))
     except CrawlqError:
         return key
 
 
-def _take(queue: str, keys: tuple[str, ...], all_: bool, url: str, requeue: bool) -> int:
+def _take(
+    queue: str, keys: tuple[str, ...], all_: bool, text: bool, url: str, requeue: bool
+) -> int:
+    """Re-queues or purges the dead elements named (every one with `all_`); how many. When
+    some KEYs are no dead element of the queue, prints the count, then raises a ConfigError
+    naming them."""
     if not keys and not all_:
         raise click.UsageError("name the KEYs (canonical JSON, as `dead list` shows) or pass --all")
     queue = checks.name(queue, "queue name")
+    chosen = list(dict.fromkeys(_canonical_key(key, text) for key in keys))
 
-    async def main() -> int:
+    async def main() -> tuple[int, list[str]]:
         async with connected(url) as backend:
-            chosen = None if all_ else [_canonical_key(key) for key in keys]
-            if requeue:
-                return await backend.requeue_dead(queue, chosen)
-            return await backend.purge_dead(queue, chosen)
+            take = backend.requeue_dead if requeue else backend.purge_dead
+            if all_:
+                return await take(queue, None), []
+            dead = [await _is_dead(backend, queue, key) for key in chosen]
+            found = [key for key, is_dead in zip(chosen, dead, strict=True) if is_dead]
+            missing = [key for key, is_dead in zip(chosen, dead, strict=True) if not is_dead]
+            return (await take(queue, found) if found else 0), missing
 
-    return run(main)
+    done, missing = run(main)
+    if not all_ and done < len(chosen):
+        verb = "requeued" if requeue else "purged"
+        click.echo(f"{verb} {done}")
+        raise ConfigError(_not_dead(queue, done, len(chosen), verb, missing, text))
+    return done
+
+
+async def _is_dead(backend: Backend, queue: str, key: str) -> bool:
+    found = await backend.element(queue, key)
+    return found is not None and found.dead is not None
+
+
+def _not_dead(queue: str, done: int, named: int, verb: str, missing: list[str], text: bool) -> str:
+    """Which KEYs were no dead element of `queue`, and how to name a text element."""
+    if not missing:  # dead when looked up, taken by someone else since
+        return f"{verb} {done} of the {named} elements named: the others left the dead letters"
+    shown = ", ".join(checks.shorten(redact(key)) for key in missing[:5])
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    hint = ""
+    if not text and any(_is_plain_text(key) for key in missing):
+        hint = (
+            " (a key is JSON, as `dead list` shows: a URL with its quotes, '\"https://...\"';"
+            " or pass --text to name text elements such as URLs as they are)"
+        )
+    return f"{verb} {done} of the {named} elements named; not dead in {queue}: {shown}{more}{hint}"
+
+
+def _is_plain_text(key: str) -> bool:
+    try:
+        parse_json(key)
+    except CrawlqError:
+        return True
+    return False
+
+
+_text_option = click.option(
+    "--text",
+    is_flag=True,
+    help="KEYs are plain strings (URLs), the elements as `schedule --text` takes them.",
+)
 
 
 @dead.command("requeue")
 @click.argument("queue")
 @click.argument("keys", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead element of QUEUE.")
+@_text_option
 @backend_option
 @app_option
 def dead_requeue(
-    queue: str, keys: tuple[str, ...], all_: bool, backend_url: str | None, app_spec: str | None
+    queue: str,
+    keys: tuple[str, ...],
+    all_: bool,
+    text: bool,
+    backend_url: str | None,
+    app_spec: str | None,
 ) -> None:
-    """Queue dead elements again, due now, with fresh attempts."""
+    """Queue dead elements again, due now, with fresh attempts. Exits 1, naming them, when
+    some KEYs are no dead element of QUEUE."""
     _, url = resolve_url(app_spec, backend_url)
-    click.echo(f"requeued {_take(queue, keys, all_, url, True)}")
+    click.echo(f"requeued {_take(queue, keys, all_, text, url, True)}")
 
 
 @dead.command("purge")
 @click.argument("queue")
 @click.argument("keys", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead element of QUEUE.")
+@_text_option
 @backend_option
 @app_option
 def dead_purge(
-    queue: str, keys: tuple[str, ...], all_: bool, backend_url: str | None, app_spec: str | None
+    queue: str,
+    keys: tuple[str, ...],
+    all_: bool,
+    text: bool,
+    backend_url: str | None,
+    app_spec: str | None,
 ) -> None:
-    """Delete dead elements for good."""
+    """Delete dead elements for good. Exits 1, naming them, when some KEYs are no dead
+    element of QUEUE."""
     _, url = resolve_url(app_spec, backend_url)
-    click.echo(f"purged {_take(queue, keys, all_, url, False)}")
+    click.echo(f"purged {_take(queue, keys, all_, text, url, False)}")
 
 
 @click.group(cls=Group, invoke_without_command=True)
