@@ -1,6 +1,7 @@
 """The `crawlq` command where it answered wrongly without a word: groups typed by hand in
-another spelling than crawlq's, dead keys given as plain text. The real CLI in a subprocess,
-on a real SQLite file (tests/test_cli.py's harness)."""
+another spelling than crawlq's, dead keys given as plain text, crawl options that ended in a
+traceback. The real CLI in a subprocess, on a real SQLite file (tests/test_cli.py's
+harness)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,33 @@ def test_dead_requeue_names_only_the_keys_that_were_not_dead(two_dead: Cli) -> N
     assert ran.code == 1, ran
     assert f"not dead in explode: {x_key!r}" in ran.err, ran
     assert "--text" not in ran.err, ran  # the key was JSON: no hint
+
+
+# -- crawl: bad options are one line, not a traceback ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--max-attempts", "0"], "--max-attempts must be at least 1"),
+        (["--max-attempts", "-2"], "--max-attempts must be at least 1"),
+        (["--retry-delay", "-1"], "--retry-delay must be between 0"),
+        (["--retry-delay", "nan"], "--retry-delay must be a finite number"),
+        (["--grace", "-1"], "--grace must be between 0"),
+        (["--timeout", "inf"], "--timeout must be a finite number"),
+    ],
+)
+def test_crawl_refuses_unusable_numbers_in_one_line(cli: Cli, args: list[str], named: str) -> None:
+    out = cli.home / "out"
+    line = cli.refused(
+        "crawl", "http://a.example.test/", "--out", str(out), "--resolve-only", *args
+    )
+    assert line.startswith(f"Error: {named}"), line
+    assert not out.exists()
+
+
+def test_crawl_refuses_an_out_folder_it_cannot_make(cli: Cli) -> None:
+    (cli.home / "a-file").write_text("")
+    for out in (cli.home / "a-file" / "sub", cli.home / "a-file" / "sub" / "deeper"):
+        line = cli.refused("crawl", "http://a.example.test/", "--out", str(out), "--resolve-only")
+        assert line.startswith(f"Error: --out {str(out)!r}: cannot make the folder"), line

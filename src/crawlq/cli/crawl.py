@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .. import checks
 from ..errors import ConfigError
 from .common import log_level_option, setup_logging
 
 if TYPE_CHECKING:
     from ..crawl.crawler import Crawl, CrawlStats
     from ..crawl.progress import Snapshot
+    from ..retry import Retry
 
 log = logging.getLogger("crawlq.crawl")
 
@@ -155,9 +157,11 @@ def crawl(
     from ..crawl.scope import Scope
     from ..crawl.settings import DEFAULT_USER_AGENT, FetchSettings, Timeouts
     from ..grouping import registered_domain, url_host
-    from ..retry import Retry
 
     setup_logging(log_level)
+    retry = _retry(max_attempts, retry_delay)
+    grace = checks.seconds(grace, "--grace")
+    timeout = checks.seconds(timeout, "--timeout")
     allowed = domains or tuple(sorted({registered_domain(url_host(seed)) for seed in seeds}))
     settings = CrawlSettings(
         out=out,
@@ -175,10 +179,11 @@ def crawl(
         ),
         concurrency_per_domain=concurrency_per_domain,
         delay=delay,
-        retry=Retry(max_attempts=max_attempts, base=retry_delay),
+        retry=retry,
         lease=lease,
         max_file_bytes=warc_size,
     )
+    _make_folder(out)
     crawl = Crawl(settings, backend=backend_url)
     if processes > 1 and CHILD not in os.environ:
         if sys.argv[1:2] != ["crawl"]:
@@ -186,6 +191,29 @@ def crawl(
         asyncio.run(_supervise(crawl, seeds, processes, progress))
     else:
         asyncio.run(_crawl(crawl, seeds, concurrency, grace, progress))
+
+
+def _retry(max_attempts: int, retry_delay: float) -> Retry:
+    """The crawl's Retry, its options checked as the command line names them."""
+    from ..retry import Retry
+
+    max_attempts = checks.integer(max_attempts, "--max-attempts", low=1)
+    retry_delay = checks.seconds(retry_delay, "--retry-delay")
+    try:
+        return Retry(max_attempts=max_attempts, base=retry_delay)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--max-attempts {max_attempts}, --retry-delay {retry_delay:g}: {exc}"
+        ) from None
+
+
+def _make_folder(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot make the folder: {exc.strerror or exc}"
+        ) from None
 
 
 async def _crawl(
