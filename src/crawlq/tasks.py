@@ -113,7 +113,15 @@ async def call_task_function(
         return await result
     run = contextvars.copy_context().run
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, run, function, ctx.sync, element)
+    future = loop.run_in_executor(None, run, function, ctx.sync, element)
+    try:
+        await asyncio.wait([future])
+    except asyncio.CancelledError:
+        future.cancel()  # it never starts if it has not yet
+        raise
+    # Raised here, not thrown into the awaiting coroutines: a GeneratorExit of the function
+    # would close them instead, and leave its element unrecorded.
+    return future.result()
 
 
 #: Whitespace and control characters, which no URL holds as such (they are escaped: %20).

@@ -4,6 +4,10 @@ The loop claims as many elements as it has free slots, runs each as an asyncio t
 batches acks and failures. With nothing claimable it sleeps until the next claimable time
 the backend reported, a wake-up from another process, or a free slot; it never polls.
 
+Whatever a task raises (sys.exit() and other BaseExceptions included) fails its element
+alone; only the worker's own cancellations (a stop, a lapsed lease) leave an element
+unrecorded.
+
 A task whose lease lapsed (the process was stopped or starved, or its heartbeats failed, for
 longer than the lease) is cancelled: by then the queue may have given its element, and its
 group slot, to another worker. The check is a timer at the earliest lease deadline, measured
@@ -383,18 +387,21 @@ class Worker:
             ctx = Context(self.app, backend, claimed, element)
             async with asyncio.timeout(task.options.timeout) as deadline:
                 await task.run(ctx, element)
-        except asyncio.CancelledError:
-            if self._stopping and asyncio.current_task() not in self._lapsed:
-                await backend.release([claimed])
-                self.stats.released += 1
-            raise
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            # Cancelled by the worker (stopping, the lease lost): not the task's failure. Any
+            # other exception, a CancelledError the task raised itself or a BaseException such
+            # as sys.exit() in its code included, fails this element alone.
+            if isinstance(exc, asyncio.CancelledError) and me is not None and me.cancelling():
+                if self._stopping and me not in self._lapsed:
+                    await backend.release([claimed])
+                    self.stats.released += 1
+                raise
+            error = _error_of(exc)
             if deadline.expired():
                 error = f"timed out after {task.options.timeout}s"
             retry_at = None if isinstance(exc, Permanent) else self._retry_at(backend, claimed)
             log.warning("%s failed: %s", task.name, error)
-            self._fail(claimed, error, traceback.format_exc(), retry_at)
+            self._fail(claimed, error, "".join(traceback.format_exception(exc)), retry_at)
             return "dead" if retry_at is None else "retry"
         else:
             self._follow += ctx.with_ack
@@ -561,3 +568,12 @@ class Worker:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+
+
+def _error_of(exc: BaseException) -> str:
+    """How a task's exception is recorded: its type and message, even if its str() fails."""
+    try:
+        message = str(exc)
+    except Exception as failed:
+        message = f"<str() raised {type(failed).__name__}>"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
