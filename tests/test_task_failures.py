@@ -1,9 +1,10 @@
-"""What a task raises is the failure of its element alone: a worker's own cancellations (a
-stop, a lost lease, a timeout) keep their meaning."""
+"""What a task raises is the failure of its element alone, and sync tasks never wait for a
+thread: a worker's own cancellations (a stop, a lost lease, a timeout) keep their meaning."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,28 @@ async def test_a_task_cancelled_by_a_stop_goes_back_to_the_queue_not_to_its_fail
     await app.aclose()
     assert (stats.released, stats.failed, stats.done) == (1, 0, 0)
     assert (queue.total, queue.running, queue.dead) == (1, 0, 0)
+
+
+async def test_sync_tasks_each_get_a_thread_so_their_timeout_counts_from_their_start(
+    app: App,
+) -> None:
+    """On the loop's default pool (min(32, CPUs + 4) threads) sync tasks beyond its size
+    waited for a thread, their timeout running: 30 tasks of 1 s with timeout=3 on 2 CPUs
+    ended with 16 "timed out". The worker's own pool has a thread for each of its slots."""
+    slots = 40  # more than the default pool has on any machine
+    together = threading.Barrier(slots, timeout=GUARD / 3)
+    threads: set[str] = set()
+
+    @app.task(group=None, timeout=GUARD, max_attempts=1)
+    def meet(ctx: SyncContext, n: int) -> None:
+        threads.add(threading.current_thread().name)
+        together.wait()  # passes only once all of them run at the same time
+
+    await app.aschedule_many(meet, list(range(slots)))
+    stats = await run_burst(app, concurrency=slots)
+    letters = await (await app.backend()).dead_letters("meet")
+    await app.aclose()
+    assert [letter.error for letter in letters] == []
+    assert stats.done == slots
+    assert len(threads) == slots
+    assert all(name.startswith("crawlq-task") for name in threads)

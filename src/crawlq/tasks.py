@@ -7,6 +7,7 @@ import contextvars
 import inspect
 import re
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -103,6 +104,14 @@ class Task(Generic[R]):
         return await call_task_function(self.function, self.is_async, ctx, element)
 
 
+#: The thread pool sync task functions run in: the worker's own, one thread per task slot, so a
+#: sync task starts at once and its timeout counts from then (the loop's default pool, of
+#: min(32, CPUs + 4) threads, would keep it waiting for a thread); that default elsewhere.
+sync_executor: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+    "crawlq_sync_executor", default=None
+)
+
+
 async def call_task_function(
     function: Callable[..., Any], is_async: bool, ctx: Context, element: Any
 ) -> Any:
@@ -113,7 +122,7 @@ async def call_task_function(
         return await result
     run = contextvars.copy_context().run
     loop = asyncio.get_running_loop()
-    future = loop.run_in_executor(None, run, function, ctx.sync, element)
+    future = loop.run_in_executor(sync_executor.get(), run, function, ctx.sync, element)
     try:
         await asyncio.wait([future])
     except asyncio.CancelledError:

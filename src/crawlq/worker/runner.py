@@ -4,9 +4,10 @@ The loop claims as many elements as it has free slots, runs each as an asyncio t
 batches acks and failures. With nothing claimable it sleeps until the next claimable time
 the backend reported, a wake-up from another process, or a free slot; it never polls.
 
-Whatever a task raises (sys.exit() and other BaseExceptions included) fails its element
-alone; only the worker's own cancellations (a stop, a lapsed lease) leave an element
-unrecorded.
+Sync tasks run on the worker's own thread pool, a thread for each slot, so none waits for a
+thread with its timeout running. Whatever a task raises (sys.exit() and other BaseExceptions
+included) fails its element alone; only the worker's own cancellations (a stop, a lapsed
+lease) leave an element unrecorded.
 
 A task whose lease lapsed (the process was stopped or starved, or its heartbeats failed, for
 longer than the lease) is cancelled: by then the queue may have given its element, and its
@@ -26,6 +27,7 @@ import socket
 import time
 import traceback
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +36,7 @@ from ..backends import Backend
 from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
-from ..tasks import Task
+from ..tasks import Task, sync_executor
 from ..types import Claimed, ClaimResult, Failure, Schedule, WorkerInfo
 from ..wakeup import Listener
 
@@ -118,6 +120,7 @@ class Worker:
         self._recording: list[Claimed] = []  # the batch being written, heartbeated meanwhile
         self._outputs_lost: Exception | None = None  # a shared resource's failed sync
         self._metrics = worker_metrics()
+        self._threads: ThreadPoolExecutor | None = None  # sync tasks run here, one per slot
 
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period.
@@ -141,6 +144,15 @@ class Worker:
             loop.add_signal_handler(sig, self.stop)
 
     async def run(self) -> WorkerStats:
+        self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="crawlq-task")
+        try:
+            return await self._run()
+        finally:
+            # Not waited for: a sync task cancelled at the stop (its element back in the
+            # queue) cannot be interrupted, and finishes on its own.
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self) -> WorkerStats:
         backend = await self.app.backend()
         listener = await backend.listen(self.queues)
         info = WorkerInfo(
@@ -372,6 +384,7 @@ class Worker:
             self._lapse(me, now - deadline_at)
             return None
         task = self.tasks[claimed.queue]
+        sync_executor.set(self._threads)  # in this asyncio task's own context
         policy = task.options.retry
         if claimed.attempt > policy.max_attempts:
             reason = (
