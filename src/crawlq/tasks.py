@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import inspect
 import re
+import reprlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -165,6 +166,34 @@ def check_group(group: str) -> None:
         )
 
 
+def _key_of(key: KeyFunction, element: JSON, payload: str, queue: str) -> str:
+    """The identity a task's `key=` function gives an element: a str (None, or a number,
+    would make distinct elements one), checked like an element."""
+    try:
+        identity = key(element)
+    except InvalidElement as exc:
+        raise InvalidElement(exc.reason, queue=queue) from None
+    except Exception as exc:
+        raise _raised_by("key", exc, payload, queue) from exc
+    if not isinstance(identity, str):
+        returned = reprlib.repr(identity)
+        if identity is not None:
+            returned += f" ({type(identity).__name__})"
+        raise InvalidElement(
+            f"the key function returned {returned}, not a str, for element {_shown(payload)}",
+            queue=queue,
+        )
+    return check_key(identity, queue=queue)
+
+
+def _raised_by(what: str, exc: Exception, payload: str, queue: str) -> InvalidElement:
+    """An exception of a task's key or group function, as the error about its element."""
+    return InvalidElement(
+        f"the {what} function raised {type(exc).__name__}: {exc} for element {_shown(payload)}",
+        queue=queue,
+    )
+
+
 def prepare(
     config: QueueConfig,
     element: JSON,
@@ -181,7 +210,7 @@ def prepare(
     payload = canonical_json(element, queue=config.name)
     if config.custom_key and key is None:
         raise ConfigError(f"queue {config.name!r} derives keys in its task's code: pass the app")
-    identity = payload if key is None else check_key(str(key(element)), queue=config.name)
+    identity = payload if key is None else _key_of(key, element, payload, config.name)
     url = element_url(element) if config.group_by in (GroupBy.HOST, GroupBy.DOMAIN) else None
     try:
         check_url(url)
@@ -191,6 +220,10 @@ def prepare(
     except InvalidElement as exc:
         reason = exc.reason if url is None else exc.reason.replace(repr(url), _shown(url))
         raise InvalidElement(reason, queue=config.name) from None
+    except Exception as exc:
+        if config.group_by is not GroupBy.CUSTOM:
+            raise
+        raise _raised_by("group", exc, payload, config.name) from exc
     return Schedule(
         queue=config.name,
         key=identity,
