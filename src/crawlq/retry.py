@@ -6,10 +6,17 @@ import math
 import random
 from dataclasses import dataclass
 
+from . import checks
+from .errors import ConfigError
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Retry:
-    """`max_attempts` runs in all; the n-th retry waits up to base * factor**(n-1), capped."""
+    """`max_attempts` runs in all; the n-th retry waits up to base * factor**(n-1), capped.
+
+    `base` and `cap` are seconds, 0 to 100 years (`checks.MAX_SECONDS`), so an element is
+    never put off further than that; `factor` is a finite number, at least 1; `jitter` is the
+    share of each delay taken off at random, 0 to 1. Anything else is a ConfigError."""
 
     max_attempts: int = 5
     base: float = 1.0
@@ -18,10 +25,11 @@ class Retry:
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if self.base < 0 or self.factor < 1 or self.cap < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError("backoff needs base >= 0, factor >= 1, cap >= 0, 0 <= jitter <= 1")
+        checks.integer(self.max_attempts, "Retry max_attempts", low=1)
+        checks.seconds(self.base, "Retry base")
+        checks.seconds(self.cap, "Retry cap")
+        _number(self.factor, "Retry factor", 1.0, math.inf, "at least 1")
+        _number(self.jitter, "Retry jitter", 0.0, 1.0, "between 0 and 1")
 
     def exhausted(self, attempt: int) -> bool:
         return attempt >= self.max_attempts
@@ -31,9 +39,25 @@ class Retry:
         n = max(0, attempt - 1)
         if self.base == 0 or self.cap <= self.base:
             ceiling = min(self.cap, self.base)
-        elif self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap / self.base):
+        elif self.factor > 1 and n * math.log(self.factor) >= math.log(self.cap) - math.log(
+            self.base
+        ):
             ceiling = self.cap  # factor ** n itself would overflow past ~1,000 attempts
         else:
-            ceiling = min(self.cap, self.base * self.factor**n)
+            try:
+                ceiling = min(self.cap, self.base * self.factor**n)
+            except OverflowError:  # a base so tiny that factor ** n overflows below the cap
+                ceiling = min(self.cap, math.exp(math.log(self.base) + n * math.log(self.factor)))
         spread = (rng or random).random() * self.jitter * ceiling
         return ceiling - spread
+
+
+def _number(value: float, what: str, low: float, high: float, bounds: str) -> None:
+    """A finite int or float (not a bool) from `low` to `high`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise ConfigError(f"{what} must be a finite number {bounds}, got {value!r}")
