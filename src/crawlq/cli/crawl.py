@@ -199,12 +199,7 @@ def _retry(max_attempts: int, retry_delay: float) -> Retry:
 
     max_attempts = checks.integer(max_attempts, "--max-attempts", low=1)
     retry_delay = checks.seconds(retry_delay, "--retry-delay")
-    try:
-        return Retry(max_attempts=max_attempts, base=retry_delay)
-    except ValueError as exc:
-        raise ConfigError(
-            f"--max-attempts {max_attempts}, --retry-delay {retry_delay:g}: {exc}"
-        ) from None
+    return Retry(max_attempts=max_attempts, base=retry_delay)  # checks the rest itself
 
 
 def _make_folder(out: Path) -> None:
