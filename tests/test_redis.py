@@ -695,3 +695,26 @@ async def test_a_batch_with_a_bad_item_is_refused_before_anything_is_written(
         assert stats.total == 0 and await backend.check() == []
     finally:
         await backend.close()
+
+
+def test_ranges_with_lua_magic_ends_match_as_fnmatch_does(redis_server: RedisServer) -> None:
+    """Escaped, the ends of [%-^] made no range in Lua: '0[' matched the glob '[%-^][' in
+    fnmatch but not in Redis."""
+    client = redis.Redis.from_url(redis_server.url.partition("?")[0])
+    rng = random.Random(5)
+    magic = "^$()%.[]*+-?!"
+    cases = []
+    for _ in range(400):
+        low, high = sorted(rng.choice(magic + "a0Z") for _ in range(2))
+        glob = f"[{low}-{high}]" + rng.choice(["", "*", "?", "["])
+        for _ in range(5):
+            subject = "".join(rng.choice(magic + "a0Z@") for _ in range(rng.randrange(1, 3)))
+            cases.append((glob, subject))
+    try:
+        for glob, subject in cases:
+            found = client.eval(
+                "return string.find(ARGV[1], ARGV[2]) and 1 or 0", 0, subject, lua_pattern(glob)
+            )
+            assert bool(found) == fnmatchcase(subject, glob), (glob, subject)
+    finally:
+        client.close()

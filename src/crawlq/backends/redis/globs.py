@@ -14,13 +14,18 @@ def _char_class(body: str) -> str:
     negate = body.startswith("!")
     if negate:
         body = body[1:]
-    out = []
+    out: list[str] = []
     i = 0
     while i < len(body):
         if i + 2 < len(body) and body[i + 1] == "-":
             low, high = body[i], body[i + 2]
-            if low <= high:  # fnmatch drops empty ranges
-                out.append(f"{_literal(low)}-{_literal(high)}")
+            if low > high:  # fnmatch drops empty ranges
+                pass
+            elif low in _LUA_MAGIC or high in _LUA_MAGIC:
+                # Lua reads no range between escaped ends (%%-%^): list the characters.
+                out.extend(_literal(chr(c)) for c in range(ord(low), ord(high) + 1))
+            else:
+                out.append(f"{low}-{high}")
             i += 3
         else:
             out.append(_literal(body[i]))
