@@ -507,6 +507,19 @@ async def test_dead_letters_can_be_listed_requeued_and_purged(
         await backend.dead_letters("nope")
 
 
+async def test_a_requeued_dead_letter_keeps_its_priority(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """It came back at priority 0, behind everything newer."""
+    await schedule(backend, "jobs", ["urgent"], priority=100)
+    (urgent,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=urgent, error="gone")])
+    await schedule(backend, "jobs", ["later"])
+    assert await backend.requeue_dead("jobs") == 1
+    first, second = await claim(backend, "jobs", limit=2)
+    assert (first.payload, first.priority, second.payload) == ('"urgent"', 100, '"later"')
+
+
 async def test_an_error_text_with_a_lone_surrogate_is_stored_escaped(
     backend: Backend, clock: ManualClock
 ) -> None:

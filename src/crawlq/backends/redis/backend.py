@@ -738,7 +738,7 @@ def _check_schedule(item: Schedule) -> None:
 
 def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[list[Any]]]:
     """A stored dead letter (lua/common.lua, `x`) and the history it keeps."""
-    payload, group, attempts, error, tb, died, _, history = _unpacked(raw)
+    payload, group, attempts, error, tb, died, _, history, *_ = _unpacked(raw)  # priority
     letter = DeadLetter(
         queue=queue,
         key=key,

@@ -788,12 +788,12 @@ class Engine:
                         payload,
                         gid,
                         now,
-                        0,
+                        priority,
                         Mode.OVERWRITE.value,
                         key_hash(key),
                         False,
                     )
-                    for key, payload, gid in rows
+                    for key, payload, gid, priority in rows
                 ],
                 now,
             )

@@ -187,14 +187,15 @@ DELETE FROM elements WHERE id = :id;
 INSERT OR IGNORE INTO seen (queue_id, h) VALUES (:queue_id, :h);
 
 -- name: bury
-INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at, history)
+INSERT INTO dead (queue_id, key, payload, group_id, attempts, error, traceback, died_at, history,
+                  priority)
 SELECT queue_id, key, payload, group_id, attempts, :error, :traceback, :now,
-       json_set(history, '$[#-1][3]', :error)
+       json_set(history, '$[#-1][3]', :error), priority
   FROM elements WHERE id = :id
     ON CONFLICT (queue_id, key) DO UPDATE
    SET payload = excluded.payload, group_id = excluded.group_id, attempts = excluded.attempts,
        error = excluded.error, traceback = excluded.traceback, died_at = excluded.died_at,
-       history = excluded.history;
+       history = excluded.history, priority = excluded.priority;
 
 -- name: extend_lease
 UPDATE elements SET lease_until = :lease_until
@@ -285,11 +286,11 @@ SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceba
 
 -- name: dead_take
 DELETE FROM dead WHERE queue_id = :queue_id AND key = :key
-RETURNING key, payload, group_id;
+RETURNING key, payload, group_id, priority;
 
 -- name: dead_take_all
 DELETE FROM dead WHERE id IN (SELECT id FROM dead WHERE queue_id = :queue_id LIMIT :limit)
-RETURNING key, payload, group_id;
+RETURNING key, payload, group_id, priority;
 
 -- name: worker_upsert
 INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address, concurrency)

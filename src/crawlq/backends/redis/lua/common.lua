@@ -47,7 +47,7 @@
 --   P q:<#q>:<q>:fw     zset   frontier, waiting rows: group by gate (when the group admits a start)
 --   P q:<#q>:<q>:fr     hash   group -> its active member in fa, or "" while waiting in fw
 --   P q:<#q>:<q>:x      hash   dead letters: key -> msgpack {payload, group, attempts, error,
---                              traceback, died_at, digest as hex, history}
+--                              traceback, died_at, digest as hex, history, priority}
 --   P q:<#q>:<q>:xo     zset   dead keys by time of death
 --   P q:<#q>:<q>:s:<b>  set    seen: 64-bit digests of finished keys, in 2^18 buckets so each
 --                              stays a compact intset (8 bytes an entry)

@@ -1,5 +1,5 @@
--- dead: takes dead letters of a queue out, requeueing them (due now, priority 0, attempts
--- afresh) or purging them. ARGV[3]: msgpack {queue, requeue, keys or false for the oldest
+-- dead: takes dead letters of a queue out, requeueing them (due now, at their priority,
+-- attempts afresh) or purging them. ARGV[3]: msgpack {queue, requeue, keys or false for the oldest
 -- `most`, most}. Returns how many were taken.
 local args = cmsgpack.unpack(ARGV[3])
 local queue, requeue_them, keys, most = args[1], args[2], args[3], args[4]
@@ -15,7 +15,7 @@ for _, key in ipairs(keys) do
         count(queue, DEAD, -1)
         taken = taken + 1
         if requeue_them then
-            apply({queue, key, letter[1], letter[2], NOW, 0, OVERWRITE, raw_digest(letter[7]),
+            apply({queue, key, letter[1], letter[2], NOW, letter[9] or 0, OVERWRITE, raw_digest(letter[7]),
                    '0', '0', true}, touched)
         end
     end

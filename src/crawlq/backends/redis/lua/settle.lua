@@ -26,7 +26,7 @@ for i = 2, #args do
             local dead = qkey(queue, 'x')
             set_outcome(rec, err)
             local letter = {rec[PAYLOAD], rec[GROUP], rec[ATTEMPTS], err, tb, NOW, hex_digest(digest),
-                            rec[HISTORY] or {}}
+                            rec[HISTORY] or {}, rec[PRIORITY]}
             if redis.call('HSET', dead, key, cmsgpack.pack(letter)) == 1 then
                 count(queue, DEAD, 1)
             end
