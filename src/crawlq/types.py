@@ -121,6 +121,8 @@ class Failure:
 
 def utf8_storable(text: str) -> str:
     """`text`, its lone surrogates (if any) written as backslash escapes."""
+    if text.isascii():
+        return text
     try:
         text.encode()
     except UnicodeEncodeError:
