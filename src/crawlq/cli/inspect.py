@@ -239,8 +239,7 @@ def _take(
 
     done, missing = run(main)
     if not all_ and done < len(chosen):
-        verb = "requeued" if requeue else "purged"
-        click.echo(f"{verb} {done}")
+        verb = "requeued" if requeue else "purged"  # the one Error line says how many
         raise ConfigError(_not_dead(queue, done, len(chosen), verb, missing, text))
     return done
 
