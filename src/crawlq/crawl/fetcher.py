@@ -384,9 +384,10 @@ class Fetcher:
         TOO_LARGE over max_bytes."""
         use_robots = self.settings.robots if robots is None else robots
         history: list[Response] = []
-        # A URL seen again with the same cookies is a loop; with new ones (a site that sets
-        # a cookie and redirects to the same page) it is the way in.
-        visited = {url: _cookies_for(session, url)}
+        # A URL asked again is a loop, unless an answer since it was asked set a cookie (a
+        # site that sets one and redirects to the same page: the way in). URL -> its hop.
+        visited = {url: 0}
+        cookie_hop = -1  # the last hop whose answer set a cookie
         current = url
         total = self.settings.timeouts.total
         while True:
@@ -426,10 +427,11 @@ class Fetcher:
             if not (follow and response.is_redirect):
                 return response
             history.append(response)
+            if response.header("Set-Cookie") is not None:
+                cookie_hop = len(history) - 1
             location = _header_text(response.header("Location") or "")
             target = _redirect_target(current, location, history)
-            cookies = _cookies_for(session, target)
-            if visited.get(target) == cookies:
+            if cookie_hop < visited.get(target, cookie_hop):
                 raise FetchError(
                     Reason.REDIRECT_LOOP,
                     url,
@@ -443,7 +445,7 @@ class Fetcher:
                     f"more than {self.settings.max_redirects} redirects",
                     responses=history,
                 )
-            visited[target] = cookies
+            visited[target] = len(history)
             if response.status == 303 or (response.status in (301, 302) and method == "POST"):
                 method, data = "GET", None
             current = target
@@ -584,15 +586,6 @@ def _tls(settings: FetchSettings) -> ssl.SSLContext | bool:
     if settings.ca_file is None:
         return True
     return ssl.create_default_context(cafile=settings.ca_file)
-
-
-def _cookies_for(session: Session, url: str) -> frozenset[tuple[str, str]]:
-    """The cookies the session would send to `url`."""
-    try:
-        sent = session.client.cookie_jar.filter_cookies(URL(url))
-    except ValueError:
-        return frozenset()
-    return frozenset((name, morsel.value) for name, morsel in sent.items())
 
 
 def _header_text(value: str) -> str:
