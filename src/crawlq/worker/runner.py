@@ -145,9 +145,13 @@ class Worker:
 
     async def run(self) -> WorkerStats:
         self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="crawlq-task")
+        # Set once here: each task's context is a copy of this one, so none needs a set of
+        # its own (a write to a context var copies the context's mapping).
+        token = sync_executor.set(self._threads)
         try:
             return await self._run()
         finally:
+            sync_executor.reset(token)
             # Not waited for: a sync task cancelled at the stop (its element back in the
             # queue) cannot be interrupted, and finishes on its own.
             self._threads.shutdown(wait=False, cancel_futures=True)
@@ -384,7 +388,6 @@ class Worker:
             self._lapse(me, now - deadline_at)
             return None
         task = self.tasks[claimed.queue]
-        sync_executor.set(self._threads)  # in this asyncio task's own context
         policy = task.options.retry
         if claimed.attempt > policy.max_attempts:
             reason = (
