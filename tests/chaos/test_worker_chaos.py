@@ -169,7 +169,8 @@ def test_a_crawl_rides_out_killed_and_stopped_workers(chaos_url: str, tmp_path: 
     assert verdict.missing == []
     assert verdict.explain("concurrency") == []  # each with the requests involved
     # Only what the victims held ran twice; a stop that caught its worker inside a SQLite
-    # write stalled every worker, and counts what they all held (`result.stalls`).
+    # write, or holding its writer turn, stalled every worker, and counts what they all held
+    # (`result.stalls`).
     assert verdict.duplicates <= result.held
     assert result.problems == []  # check() passes, nothing left, no group slot held
     assert result.process_failures == []

@@ -13,6 +13,7 @@ Everything stays on loopback (127.0.1.x), reached through `--resolve` and `--res
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import os
 import random
@@ -34,6 +35,7 @@ from aiohttp.web import Request, Response, StreamResponse
 from ..backends.sqlite.backend import path_from_url
 from ..crawl.testing.sites import Hit, Site, SyntheticWeb, page_html
 from ..errors import CrawlqError
+from ..writelock import SUFFIX
 from .faults import with_backend
 
 if TYPE_CHECKING:
@@ -507,10 +509,15 @@ def run_worker_chaos(
 
 def writes_stalled(url: str) -> bool:
     """Whether a write to the SQLite database at `url` waits longer than STALL_PROBE for its
-    lock (never for Redis, whose scripts hold no lock between calls)."""
+    lock or for crawlq's writer turn, the flock its writers take first (writelock.py): a stop
+    between the two, or just after COMMIT, stalls every worker as well. Never for Redis,
+    whose scripts hold no lock between calls."""
     if not url.startswith("sqlite:"):
         return False
-    connection = sqlite3.connect(path_from_url(url), timeout=STALL_PROBE, isolation_level=None)
+    path = path_from_url(url)
+    if _turn_stalled(path + SUFFIX):
+        return True
+    connection = sqlite3.connect(path, timeout=STALL_PROBE, isolation_level=None)
     try:
         connection.execute("BEGIN IMMEDIATE")
         connection.execute("ROLLBACK")
@@ -519,6 +526,29 @@ def writes_stalled(url: str) -> bool:
         return True
     finally:
         connection.close()
+
+
+def _turn_stalled(lock_path: str) -> bool:
+    """Whether the writer turn at `lock_path` stays taken for STALL_PROBE (a write holds it
+    for milliseconds)."""
+    try:
+        descriptor = os.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        deadline = time.monotonic() + STALL_PROBE
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return True
+                time.sleep(0.005)
+                continue
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+            return False
+    finally:
+        os.close(descriptor)
 
 
 def held_by(url: str, pid: int) -> int:
