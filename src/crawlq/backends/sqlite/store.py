@@ -141,8 +141,12 @@ class Store:
             raise BackendCorrupt(f"{self.path} is not a SQLite database")
 
     def _refuse_foreign(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        tables = self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        # One statement, so one snapshot: read apart, a process that made the schema between
+        # the two reads (crawlq processes starting together on a new file) made a crawlq
+        # database look foreign: version 0 from before, tables from after.
+        version, tables = self.db.execute(
+            "SELECT user_version, (SELECT count(*) FROM sqlite_master) FROM pragma_user_version"
+        ).fetchone()
         if version == 0 and tables:
             raise BackendCorrupt(f"{self.path} is a SQLite database, but not crawlq's")
 
