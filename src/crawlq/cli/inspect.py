@@ -220,8 +220,8 @@ def _take(
     queue: str, keys: tuple[str, ...], all_: bool, text: bool, url: str, requeue: bool
 ) -> int:
     """Re-queues or purges the dead elements named (every one with `all_`); how many. When
-    some KEYs are no dead element of the queue, prints the count, then raises a ConfigError
-    naming them."""
+    some KEYs are no dead element of the queue, a ConfigError says how many were taken and
+    names the others."""
     if not keys and not all_:
         raise click.UsageError("name the KEYs (canonical JSON, as `dead list` shows) or pass --all")
     queue = checks.name(queue, "queue name")

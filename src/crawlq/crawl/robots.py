@@ -115,7 +115,8 @@ class RobotsCache:
             raise  # not sent (its pacing put it back): robots.txt is not unavailable
         except FetchError as exc:
             if exc.reason is Reason.TOO_LARGE or exc.reason in UNAVAILABLE:
-                return Rules(None, None, now + self._ttl)  # inflated past the cap: a bomb
+                # Unavailable (RFC 9309), or inflated past the cap (a bomb): no rules.
+                return Rules(None, None, now + self._ttl)
             # The site itself is unreachable: its pages fail for the same reason.
             detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
             if exc.reason is Reason.BLOCKED:

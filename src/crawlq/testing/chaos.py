@@ -403,11 +403,11 @@ class ChaosResult:
     problems: list[str]  # from Backend.check() and the final counts
     process_failures: list[str]
     lapsed: int  # "lease ran out" lines in the workers' logs
-    stalls: int = 0  # stops that caught their worker holding SQLite's write lock
+    stalls: int = 0  # stops that caught their worker holding SQLite's lock or its writer turn
 
 
-#: Seconds a write must wait for SQLite's lock to count as stalled by a stopped process: a
-#: running one's transactions take milliseconds.
+#: Seconds a write must wait for SQLite's lock or the writer turn to count as stalled by a
+#: stopped process: a running one's transactions take milliseconds.
 STALL_PROBE = 1.0
 
 
@@ -471,8 +471,8 @@ def run_worker_chaos(
                         started += 1
                     held += held_by(backend, pid)  # it changes nothing until continued
                     if event == "stop" and writes_stalled(backend):
-                        # Stopped holding SQLite's write lock, it stalls every worker: what
-                        # they hold can lapse meanwhile, and run again.
+                        # Stopped holding SQLite's lock or its writer turn, it stalls every
+                        # worker: what they hold can lapse meanwhile, and run again.
                         stalls += 1
                         held += sum(held_by(backend, p) for p in fleet.running if p != pid)
             if other_faults and web.pages_seen() >= other_faults[0][0]:

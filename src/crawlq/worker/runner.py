@@ -120,7 +120,6 @@ class Worker:
         self._recording: list[Claimed] = []  # the batch being written, heartbeated meanwhile
         self._outputs_lost: Exception | None = None  # a shared resource's failed sync
         self._metrics = worker_metrics()
-        self._threads: ThreadPoolExecutor | None = None  # sync tasks run here, one per slot
 
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period.
@@ -144,17 +143,17 @@ class Worker:
             loop.add_signal_handler(sig, self.stop)
 
     async def run(self) -> WorkerStats:
-        self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="crawlq-task")
+        threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="crawlq-task")
         # Set once here: each task's context is a copy of this one, so none needs a set of
         # its own (a write to a context var copies the context's mapping).
-        token = sync_executor.set(self._threads)
+        token = sync_executor.set(threads)
         try:
             return await self._run()
         finally:
             sync_executor.reset(token)
             # Not waited for: a sync task cancelled at the stop (its element back in the
             # queue) cannot be interrupted, and finishes on its own.
-            self._threads.shutdown(wait=False, cancel_futures=True)
+            threads.shutdown(wait=False, cancel_futures=True)
 
     async def _run(self) -> WorkerStats:
         backend = await self.app.backend()
