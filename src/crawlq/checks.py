@@ -27,9 +27,21 @@ MAX_SECONDS = 100 * 365.25 * 86400
 MAX_NAME = 255
 
 
+def _is_finite(value: object) -> bool:
+    """An int or float (not a bool) that is neither infinite nor NaN."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def finite(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not _is_finite(value):
         raise ConfigError(f"{what} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def bounded(value: float, what: str, low: float, high: float, bounds: str) -> float:
+    """A finite number from `low` to `high`; `bounds` says which in the error."""
+    if not _is_finite(value) or not low <= value <= high:
+        raise ConfigError(f"{what} must be a finite number {bounds}, got {value!r}")
     return float(value)
 
 

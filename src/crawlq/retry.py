@@ -7,7 +7,6 @@ import random
 from dataclasses import dataclass
 
 from . import checks
-from .errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,8 +27,8 @@ class Retry:
         checks.integer(self.max_attempts, "Retry max_attempts", low=1)
         checks.seconds(self.base, "Retry base")
         checks.seconds(self.cap, "Retry cap")
-        _number(self.factor, "Retry factor", 1.0, math.inf, "at least 1")
-        _number(self.jitter, "Retry jitter", 0.0, 1.0, "between 0 and 1")
+        checks.bounded(self.factor, "Retry factor", 1.0, math.inf, "at least 1")
+        checks.bounded(self.jitter, "Retry jitter", 0.0, 1.0, "between 0 and 1")
 
     def exhausted(self, attempt: int) -> bool:
         return attempt >= self.max_attempts
@@ -50,14 +49,3 @@ class Retry:
                 ceiling = min(self.cap, math.exp(math.log(self.base) + n * math.log(self.factor)))
         spread = (rng or random).random() * self.jitter * ceiling
         return ceiling - spread
-
-
-def _number(value: float, what: str, low: float, high: float, bounds: str) -> None:
-    """A finite int or float (not a bool) from `low` to `high`."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        raise ConfigError(f"{what} must be a finite number {bounds}, got {value!r}")

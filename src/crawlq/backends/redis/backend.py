@@ -7,7 +7,6 @@ lua/common.lua and docs/redis.md.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import time
@@ -22,7 +21,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
-from ...checks import EXACT_INT
+from ... import checks
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
 from ...limits import DEFAULT_LIMIT, specificity
@@ -728,10 +727,8 @@ def _check_schedule(item: Schedule) -> None:
         and (payload is None or type(payload) is str)
     ):
         raise ConfigError(f"queue, key, group and payload must be text: {item!r}")
-    if type(item.due) not in (float, int) or not math.isfinite(item.due):
-        raise ConfigError(f"due must be a finite number of seconds, got {item.due!r}")
-    if type(item.priority) is not int or not -EXACT_INT <= item.priority <= EXACT_INT:
-        raise ConfigError(f"priority must be an integer within 2**53 - 1, got {item.priority!r}")
+    checks.finite(item.due, "due")
+    checks.integer(item.priority, "priority")
     if type(item.mode) is not Mode:
         raise ConfigError(f"mode must be a Mode, got {item.mode!r}")
 
