@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 
 from crawlq.backends import open_backend
 from crawlq.types import Limit, LimitRule
 
-from .test_cli import APP, Cli, counts, empty, report
+from .test_cli import APP, Cli, cli, empty, started
+
+__all__ = ["cli", "started"]  # test_cli's fixtures, used here too
 
 BUCHER = "xn--bcher-kva.example.test"  # bücher.example.test as hosts are grouped
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path)
-
-
-@pytest.fixture
-def started(cli: Cli) -> Cli:
-    assert report(cli.ok("start", APP)) == counts(added=1)
-    return cli
 
 
 # -- limits block / unblock / set / delete: the group as crawlq spells it ---------------------
