@@ -6,7 +6,16 @@ from collections.abc import Sequence
 
 from crawlq.backends import Backend
 from crawlq.tasks import prepare
-from crawlq.types import JSON, Claimed, GroupBy, Mode, QueueConfig, ScheduleResult
+from crawlq.types import (
+    JSON,
+    Claimed,
+    GroupBy,
+    Limit,
+    LimitRule,
+    Mode,
+    QueueConfig,
+    ScheduleResult,
+)
 
 START = 1_800_000_000.0
 
@@ -71,3 +80,14 @@ async def fill_for_damage(backend: Backend) -> None:
     await schedule(backend, "pages", [url("b.test", 1)], seconds=60)
     await claim(backend, limit=1)
     assert await backend.check() == []
+
+
+async def assert_a_rule_of_old_is_the_apps(backend: Backend, pattern: str) -> None:
+    """The rule for `pattern`, stored before rules had an origin, reads as the app's: an
+    operator's rule replaces it, and the app's rules then leave the operator's alone."""
+    found = {(r.pattern, r.origin) for r in await backend.limits()}
+    assert found == {("*", "app"), (pattern, "app")}
+    operator = LimitRule(pattern=pattern, limit=Limit(concurrency=3), origin="operator")
+    await backend.set_limits([operator])
+    await backend.set_limits([LimitRule(pattern=pattern, limit=Limit(concurrency=9))])
+    assert [r for r in await backend.limits() if r.pattern == pattern] == [operator]

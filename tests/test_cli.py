@@ -790,7 +790,7 @@ def test_limits_set_list_delete(started: Cli) -> None:
     app_rule = {"*.example.test": {"concurrency": 2, "interval": 0.0}}
     assert started.limits() == {**default, **app_rule}
     table = started.ok("limits").out  # no subcommand: the list
-    assert table.splitlines()[0].split() == ["pattern", "concurrency", "interval"], table
+    assert table.splitlines()[0].split() == ["pattern", "concurrency", "interval", "set", "by"]
     assert "*.example.test" in table
     assert started.ok("limits", "--app", APP, "list").out == table
 
@@ -821,6 +821,22 @@ def test_limits_set_list_delete(started: Cli) -> None:
     started.ok("limits", "delete", "*.foo.test")
     started.ok("limits", "delete", "bar.test")
     assert started.limits() == {**default, **app_rule}
+
+
+def test_an_operators_rule_outlasts_the_apps_until_deleted(started: Cli) -> None:
+    """A host slowed down by hand stays slow when a worker of the app starts (and stores the
+    app's rules again); deleting the rule with the app named gives the app's back at once."""
+    slowed = {"concurrency": 1, "interval": 3.0}
+    started.ok("limits", "set", "*.example.test", "--concurrency", "1", "--interval", "3")
+    started.ok("schedule", "fetch", '"http://a.example.test/1"')
+    started.ok("start", APP)  # stores the app's queues and rules, as a worker does
+    assert started.limits()["*.example.test"] == slowed
+    assert started.groups()["a.example.test"]["limit"] == slowed
+    assert "*.example.test   1            3s        operator" in started.ok("limits").out
+
+    ran = started.ok("limits", "delete", "*.example.test", "--app", APP)
+    assert ran.out.strip() == "deleted *.example.test; the app's rule is back: 2 at once, 0s apart"
+    assert started.groups()["a.example.test"]["limit"] == {"concurrency": 2, "interval": 0.0}
 
 
 def test_limits_delete_accepts_the_pattern_given_to_set(started: Cli) -> None:

@@ -17,7 +17,17 @@ from crawlq.backends import Backend, open_backend
 from crawlq.errors import ConfigError, InvalidElement, UnknownQueue
 from crawlq.limits import DEFAULT_LIMIT
 from crawlq.tasks import prepare
-from crawlq.types import JSON, NEVER, Claimed, Failure, Limit, LimitRule, Mode, QueueConfig
+from crawlq.types import (
+    JSON,
+    NEVER,
+    Claimed,
+    Failure,
+    Limit,
+    LimitRule,
+    Mode,
+    Origin,
+    QueueConfig,
+)
 
 from .helpers import ManualClock, claim, config, schedule, url
 
@@ -350,6 +360,59 @@ async def test_a_rule_for_one_host_changes_that_group_only_and_globs_still_reach
     assert {r.pattern for r in await backend.limits()} == {"*", "h*.test", "h9.test"}
     assert await backend.delete_limit("h*.test")
     assert await limits() == {h: DEFAULT_LIMIT for h in hosts} | {"h9.test": Limit(concurrency=5)}
+
+
+async def test_an_operators_rule_outlasts_the_apps_and_the_app_never_undercuts_a_crawl_delay(
+    backend: Backend,
+) -> None:
+    """Workers store their app's rules each time they start: an operator's rule for the same
+    pattern must survive that (a host slowed down by hand in an incident), and so must the
+    interval of a rule a crawl stored for a host's Crawl-delay."""
+
+    def limit(concurrency: int, interval: float = 0.0) -> Limit:
+        return Limit(concurrency=concurrency, interval=interval)
+
+    def rule(pattern: str, origin: Origin, concurrency: int, interval: float) -> LimitRule:
+        return LimitRule(pattern=pattern, limit=limit(concurrency, interval), origin=origin)
+
+    async def stored() -> dict[str, tuple[Limit, Origin]]:
+        return {r.pattern: (r.limit, r.origin) for r in await backend.limits()}
+
+    async def group_limit(name: str) -> Limit:
+        (group,) = await backend.group_stats(name, include_idle=True)
+        return group.limit
+
+    for host in ("slow.test", "robots.test", "calm.test"):
+        await schedule(backend, "pages", [url(host)])
+    await backend.set_limits([rule("slow.test", "app", 8, 0), rule("*.test", "app", 6, 0)])
+    await backend.set_limits([rule("slow.test", "operator", 1, 2)])
+    await backend.set_limits([rule("slow.test", "app", 8, 0), rule("*.test", "app", 5, 0)])
+    assert (await stored())["slow.test"] == (limit(1, 2), "operator")
+    assert await group_limit("slow.test") == limit(1, 2)
+    assert await group_limit("calm.test") == limit(5)  # the app's other rules still change
+
+    # A Crawl-delay raising the operator's rule leaves it the operator's.
+    await backend.set_limits([rule("slow.test", "crawl", 1, 3)])
+    assert (await stored())["slow.test"] == (limit(1, 3), "operator")
+
+    # The app's rule may change a crawl's concurrency, never lower its interval.
+    await backend.set_limits([rule("robots.test", "crawl", 6, 1.5)])
+    await backend.set_limits([rule("robots.test", "app", 2, 0.5)])
+    assert (await stored())["robots.test"] == (limit(2, 1.5), "crawl")
+    assert await group_limit("robots.test") == limit(2, 1.5)
+    await backend.set_limits([rule("robots.test", "app", 3, 4)])
+    assert (await stored())["robots.test"] == (limit(3, 4), "app")
+
+    # Deleted, the operator's rule gives the pattern back to the app.
+    assert await backend.delete_limit("slow.test")
+    assert await group_limit("slow.test") == limit(5)
+    await backend.set_limits([rule("slow.test", "app", 8, 0)])
+    assert (await stored())["slow.test"] == (limit(8), "app")
+    assert await group_limit("slow.test") == limit(8)
+    # And an operator's rule replaces anyone's at once.
+    await backend.set_limits([rule("*.test", "operator", 1, 0)])
+    assert (await stored())["*.test"] == (limit(1), "operator")
+    assert await group_limit("calm.test") == limit(1)
 
 
 async def test_no_group_means_no_limit(backend: Backend) -> None:

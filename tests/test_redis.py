@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 
@@ -26,7 +27,16 @@ from crawlq.testing.redis_server import RedisServer
 from crawlq.types import Failure, Limit, LimitRule
 
 from .conftest import QUEUES
-from .helpers import ManualClock, claim, config, fill_for_damage, payloads, schedule, url
+from .helpers import (
+    ManualClock,
+    assert_a_rule_of_old_is_the_apps,
+    claim,
+    config,
+    fill_for_damage,
+    payloads,
+    schedule,
+    url,
+)
 
 
 @pytest.fixture
@@ -161,10 +171,7 @@ async def test_namespaces_keep_queues_apart(redis_server: RedisServer) -> None:
 async def test_a_server_that_lost_the_function_library_gets_it_again(
     redis_server: RedisServer,
 ) -> None:
-    backend = open_backend(f"{redis_server.url}?namespace=lost-library")
-    await backend.open()
-    client = redis.Redis.from_url(redis_server.url)
-    try:
+    async with in_namespace(redis_server, "lost-library") as (backend, client):
         await backend.ensure_queues([config("jobs")])
         client.function_flush()  # as a restart without persistence would leave it
         assert client.function_list() == []
@@ -172,6 +179,17 @@ async def test_a_server_that_lost_the_function_library_gets_it_again(
         assert [c.payload for c in await claim(backend, "jobs")] == ['"after the flush"']
         libraries: Any = client.function_list()  # typed "awaitable or value"
         assert len(libraries) == 1
+
+
+@contextlib.asynccontextmanager
+async def in_namespace(server: RedisServer, namespace: str) -> AsyncIterator[tuple[Backend, Any]]:
+    """A backend open on `namespace`, and a plain client (typed "awaitable or value") to look
+    at or damage what it stored."""
+    backend = open_backend(f"{server.url}?namespace={namespace}")
+    await backend.open()
+    client: Any = redis.Redis.from_url(server.url)
+    try:
+        yield backend, client
     finally:
         client.close()
         await backend.close()
@@ -402,6 +420,15 @@ async def test_only_the_workers_of_queues_with_new_work_are_woken(
         pubsub.close()
         client.close()
         await backend.close()
+
+
+async def test_rules_stored_before_they_had_an_origin_are_the_apps(
+    redis_server: RedisServer,
+) -> None:
+    async with in_namespace(redis_server, "origins") as (backend, client):
+        # As crawlq stored an exact rule before origins: {lua pattern, a, b, concurrency, interval}
+        client.hset("{origins}:lx", "slow.test", msgpack.packb(["^slow%.test$", 9, 0, 1, 2.0]))
+        await assert_a_rule_of_old_is_the_apps(backend, "slow.test")
 
 
 async def test_opening_without_create_refuses_an_empty_namespace(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from .errors import ConfigError
@@ -75,3 +76,20 @@ class RuleIndex:
 def resolve_indexed(group: str, exact: LimitRule | None, globs: list[LimitRule]) -> Limit:
     """`resolve` given the group's exact rule (None if it has none) and every glob rule."""
     return resolve(group, globs if exact is None else [exact, *globs])
+
+
+def merged(stored: LimitRule | None, new: LimitRule) -> LimitRule | None:
+    """What storing `new` leaves for its pattern, given the rule `stored` there (None: keep
+    `stored`). An operator's rule outlasts the app's, which every worker stores again when it
+    starts: a host slowed down by hand stays slow until `crawlq limits delete` gives it back
+    to the code. A crawl's rule holds a Crawl-delay, which the app's rule may not undercut."""
+    if stored is None or new.origin == "operator" or stored.origin == "app":
+        return new
+    if new.origin == "crawl":  # raising an operator's rule keeps it the operator's
+        return replace(new, origin=stored.origin)
+    if stored.origin == "operator":
+        return None
+    if new.limit.interval >= stored.limit.interval:
+        return new
+    limit = Limit(concurrency=new.limit.concurrency, interval=stored.limit.interval)
+    return LimitRule(pattern=new.pattern, limit=limit, origin="crawl")

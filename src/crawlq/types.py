@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
+from typing import Literal, Union
 
 from .checks import EXACT_INT, MAX_SECONDS
 
@@ -159,10 +159,18 @@ class Limit:
             )
 
 
+#: Who set a limit rule: the app's code (`App.limit`, stored each time a worker starts), an
+#: operator at run time (`crawlq limits set`), or a crawl raising a host's interval to its
+#: robots.txt Crawl-delay. See `limits.merged` for what each may replace.
+Origin = Literal["app", "operator", "crawl"]
+ORIGINS: tuple[Origin, ...] = ("app", "operator", "crawl")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LimitRule:
     pattern: str
     limit: Limit
+    origin: Origin = "app"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .. import checks
-from ..app import limit_of
+from ..app import App, limit_of
 from ..backends import Backend
 from ..errors import ConfigError, CrawlqError
 from ..grouping import group_name
@@ -332,16 +332,18 @@ def limits(ctx: click.Context, backend_url: str | None, app_spec: str | None) ->
         ctx.invoke(limits_list)
 
 
-def _limits_url(ctx: click.Context, app_spec: str | None, backend_url: str | None) -> str:
-    """--backend/--app given after the subcommand win over those given before it, and any
-    given option wins over CRAWLQ_BACKEND."""
+def _limits_target(
+    ctx: click.Context, app_spec: str | None, backend_url: str | None
+) -> tuple[App | None, str]:
+    """The app (if named) and the backend URL: --backend/--app given after the subcommand
+    win over those given before it, and any given option wins over CRAWLQ_BACKEND."""
     outer_app, outer_backend = ctx.obj or (None, None)
     outer = ctx.parent.get_parameter_source("backend_url") if ctx.parent else None
     inner = ctx.get_parameter_source("backend_url")
     env = click.core.ParameterSource.ENVIRONMENT
     if inner is env and outer is not env and outer_backend:
         backend_url = None
-    return resolve_url(app_spec or outer_app, backend_url or outer_backend)[1]
+    return resolve_url(app_spec or outer_app, backend_url or outer_backend)
 
 
 @limits.command("list")
@@ -356,7 +358,7 @@ def limits_list(
     app_spec: str | None = None,
 ) -> None:
     """The rules, most general first."""
-    url = _limits_url(ctx, app_spec, backend_url)
+    _, url = _limits_target(ctx, app_spec, backend_url)
 
     async def main() -> list[LimitRule]:
         async with connected(url) as backend:
@@ -368,9 +370,9 @@ def limits_list(
         return
     click.echo(
         _table(
-            ["pattern", "concurrency", "interval"],
+            ["pattern", "concurrency", "interval", "set by"],
             [
-                [r.pattern, r.limit.concurrency or "unlimited", f"{r.limit.interval:g}s"]
+                [r.pattern, r.limit.concurrency or "unlimited", f"{r.limit.interval:g}s", r.origin]
                 for r in rules
             ],
         )
@@ -396,10 +398,12 @@ def limits_set(
     backend_url: str | None,
     app_spec: str | None,
 ) -> None:
-    """Add or replace the rule for PATTERN, such as '*.example.com'."""
-    url = _limits_url(ctx, app_spec, backend_url)
+    """Add or replace the rule for PATTERN, such as '*.example.com'. It outlasts the app's
+    rule for PATTERN, which workers store when they start, until it is deleted."""
+    _, url = _limits_target(ctx, app_spec, backend_url)
     limit = limit_of(pattern, concurrency, interval)
-    rule = LimitRule(pattern=check_pattern(checks.name(pattern, "limit pattern")), limit=limit)
+    pattern = check_pattern(checks.name(pattern, "limit pattern"))
+    rule = LimitRule(pattern=pattern, limit=limit, origin="operator")
 
     async def main() -> None:
         async with connected(url) as backend:
@@ -417,24 +421,30 @@ def limits_set(
 def limits_delete(
     ctx: click.Context, pattern: str, backend_url: str | None, app_spec: str | None
 ) -> None:
-    """Remove the rule for PATTERN."""
-    url = _limits_url(ctx, app_spec, backend_url)
+    """Remove the rule for PATTERN. With the app named (--app), its own rule for PATTERN, if
+    it has one, takes the place at once; otherwise when a worker of it next starts."""
+    app, url = _limits_target(ctx, app_spec, backend_url)
     typed = checks.name(pattern, "limit pattern")
     # Rules stored before patterns were spelled as group names (IDNA, no trailing dot) kept
     # their own spelling: found by it when not by the new one.
     spellings = list(dict.fromkeys([check_pattern(typed), typed.lower()]))
 
-    async def main() -> str | None:
+    async def main() -> tuple[str, LimitRule | None] | None:
         async with connected(url) as backend:
             for spelling in spellings:
                 if await backend.delete_limit(spelling):
-                    return spelling
+                    own = app.limit_rules.get(spelling) if app else None
+                    if own is not None:
+                        await backend.set_limits([own])
+                    return spelling, own
             return None
 
-    deleted = run(main)
-    if deleted is None:
+    done = run(main)
+    if done is None:
         raise ConfigError(f"no limit rule {spellings[0]!r}")
-    click.echo(f"deleted {deleted}")
+    deleted, own = done
+    back = f"; the app's rule is back: {_limit_text(own.limit)}" if own else ""
+    click.echo(f"deleted {deleted}{back}")
 
 
 def _group(typed: str) -> str:
@@ -472,7 +482,7 @@ def limits_block(
 ) -> None:
     """Start nothing of GROUP (a host, such as example.com) for a while. Warns when no
     queued or running element is in GROUP, and blocks it all the same."""
-    url = _limits_url(ctx, app_spec, backend_url)
+    _, url = _limits_target(ctx, app_spec, backend_url)
     typed, group = group, _group(group)
     seconds = checks.seconds(seconds, "--for")
 
@@ -494,7 +504,7 @@ def limits_unblock(
     ctx: click.Context, group: str, backend_url: str | None, app_spec: str | None
 ) -> None:
     """Lift a block on GROUP. Warns when no queued or running element is in GROUP."""
-    url = _limits_url(ctx, app_spec, backend_url)
+    _, url = _limits_target(ctx, app_spec, backend_url)
     typed, group = group, _group(group)
 
     async def main() -> None:

@@ -472,7 +472,7 @@ def _raised(group: str, seconds: float, rules: RuleIndex) -> LimitRule | None:
     if current.interval >= seconds:
         return None
     limit = Limit(concurrency=current.concurrency, interval=seconds)
-    return LimitRule(pattern=glob_escape(group), limit=limit)
+    return LimitRule(pattern=glob_escape(group), limit=limit, origin="crawl")
 
 
 __all__ = ["Backoff", "Politeness", "Reason", "retry_after"]

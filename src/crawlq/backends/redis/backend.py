@@ -27,6 +27,7 @@ from ...identity import key_hash
 from ...limits import DEFAULT_LIMIT, specificity
 from ...observe.logs import redact
 from ...types import (
+    ORIGINS,
     Attempt,
     Claimed,
     ClaimResult,
@@ -38,6 +39,7 @@ from ...types import (
     Limit,
     LimitRule,
     Mode,
+    Origin,
     QueueConfig,
     QueueStats,
     Schedule,
@@ -506,9 +508,9 @@ class RedisBackend:
         exact = await self._call(lambda: self.client.hgetall(self.prefix + "lx"))
         rules = []
         for pattern, raw in {**globs, **exact}.items():
-            _, _, _, concurrency, interval = _unpacked(raw)
+            _, _, _, concurrency, interval, *origin = _unpacked(raw)
             limit = Limit(concurrency=concurrency or None, interval=float(interval))
-            rules.append(LimitRule(pattern=pattern.decode(), limit=limit))
+            rules.append(LimitRule(pattern=pattern.decode(), limit=limit, origin=_origin(origin)))
         return sorted(rules, key=lambda r: r.pattern)
 
     async def set_limits(self, rules: Sequence[LimitRule]) -> None:
@@ -760,4 +762,10 @@ def _rule(rule: LimitRule) -> list[Any]:
     """A limit rule as the scripts store it: glob, Lua pattern, specificity, limit."""
     high, low = specificity(rule.pattern)
     concurrency = rule.limit.concurrency if rule.limit.concurrency is not None else False
-    return [rule.pattern, lua_pattern(rule.pattern), high, low, concurrency, rule.limit.interval]
+    interval = rule.limit.interval
+    return [rule.pattern, lua_pattern(rule.pattern), high, low, concurrency, interval, rule.origin]
+
+
+def _origin(stored: list[Any]) -> Origin:
+    """A stored rule's origin: "app" for a rule stored before crawlq kept it."""
+    return next((origin for origin in ORIGINS if stored == [origin]), "app")

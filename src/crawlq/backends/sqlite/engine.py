@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from ...errors import UnknownQueue
 from ...identity import key_hash
-from ...limits import UNLIMITED, is_exact, resolve_indexed
+from ...limits import UNLIMITED, is_exact, merged, resolve_indexed
 from ...types import (
     NEVER,
     Attempt,
@@ -28,6 +28,7 @@ from ...types import (
     Limit,
     LimitRule,
     Mode,
+    Origin,
     QueueConfig,
     QueueStats,
     Schedule,
@@ -574,15 +575,19 @@ class Engine:
             deleted = False
             if delete is not None:
                 deleted = self.store.run("limit_delete", {"pattern": delete}).rowcount > 0
-            for rule in rules:
-                self.store.run(
-                    "limit_set",
-                    {
-                        "pattern": rule.pattern,
-                        "concurrency": rule.limit.concurrency,
-                        "interval": rule.limit.interval,
-                    },
-                )
+            for new in rules:
+                stored = _rules_of(self.store.run("limit_get", {"pattern": new.pattern}))
+                rule = merged(next(iter(stored), None), new)
+                if rule is not None:
+                    self.store.run(
+                        "limit_set",
+                        {
+                            "pattern": rule.pattern,
+                            "concurrency": rule.limit.concurrency,
+                            "interval": rule.limit.interval,
+                            "origin": rule.origin,
+                        },
+                    )
             current = _Rules(self.store)
             changed: set[int] = set()
             patterns = [rule.pattern for rule in rules] + ([delete] if delete else [])
@@ -800,8 +805,11 @@ class Engine:
             return len(rows), self._wake_addresses([found.id])
 
 
-def _rules_of(rows: Iterable[tuple[str, int | None, float]]) -> list[LimitRule]:
-    return [LimitRule(pattern=p, limit=Limit(concurrency=c, interval=i)) for p, c, i in rows]
+def _rules_of(rows: Iterable[tuple[str, int | None, float, Origin]]) -> list[LimitRule]:
+    return [
+        LimitRule(pattern=p, limit=Limit(concurrency=c, interval=i), origin=o)
+        for p, c, i, o in rows
+    ]
 
 
 class _Rules:

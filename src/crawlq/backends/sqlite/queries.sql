@@ -233,17 +233,19 @@ SELECT id, name, concurrency, interval FROM groups WHERE name = :name;
 SELECT id, name, concurrency, interval FROM groups WHERE id != 0;
 
 -- name: limits_all
-SELECT pattern, concurrency, interval FROM limits ORDER BY pattern;
+SELECT pattern, concurrency, interval, origin FROM limits ORDER BY pattern;
 
 -- name: limits_globs
-SELECT pattern, concurrency, interval FROM limits WHERE pattern GLOB '*[*?[]*';
+SELECT pattern, concurrency, interval, origin FROM limits WHERE pattern GLOB '*[*?[]*';
 
 -- name: limit_get
-SELECT pattern, concurrency, interval FROM limits WHERE pattern = :pattern;
+SELECT pattern, concurrency, interval, origin FROM limits WHERE pattern = :pattern;
 
 -- name: limit_set
-INSERT INTO limits (pattern, concurrency, interval) VALUES (:pattern, :concurrency, :interval)
-    ON CONFLICT (pattern) DO UPDATE SET concurrency = excluded.concurrency, interval = excluded.interval;
+INSERT INTO limits (pattern, concurrency, interval, origin)
+    VALUES (:pattern, :concurrency, :interval, :origin)
+    ON CONFLICT (pattern) DO UPDATE
+    SET concurrency = excluded.concurrency, interval = excluded.interval, origin = excluded.origin;
 
 -- name: limit_delete
 DELETE FROM limits WHERE pattern = :pattern;

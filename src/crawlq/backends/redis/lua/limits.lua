@@ -2,7 +2,9 @@
 -- follow at once. Exact rules (a Crawl-delay's, one for each such host) touch their own group
 -- alone, so setting one costs the same with 100,000 groups as with ten.
 -- ARGV[3]: msgpack {pattern to delete or false, rules...}; a rule is
---   {glob, lua pattern, specificity a, specificity b, concurrency or false, interval}
+--   {glob, lua pattern, specificity a, specificity b, concurrency or false, interval, origin}
+--   and is stored without its glob; origin is "app", "operator" or "crawl" (absent in rules
+--   stored before crawlq kept it: "app").
 -- Returns 1 when the pattern to delete existed, else 0.
 local args = cmsgpack.unpack(ARGV[3])
 local deleted = 0
@@ -22,15 +24,29 @@ if args[1] then
         deleted = 1
     end
 end
-for i = 2, #args do
-    local rule = args[i]
-    local packed = cmsgpack.pack({rule[2], rule[3], rule[4], rule[5], rule[6]})
-    if is_exact(rule[1]) then
-        redis.call('HSET', P .. 'lx', rule[1], packed)
-    else
-        redis.call('HSET', P .. 'limits', rule[1], packed)
+-- The rule to store over `stored` (nil: keep `stored`), as limits.merged in Python decides:
+-- an operator's rule outlasts the app's, and the app's never undercuts a Crawl-delay.
+local function merged(stored, new)
+    if not stored then return new end
+    local was, by = stored[6] or 'app', new[6]
+    if by == 'operator' or was == 'app' then return new end
+    if by == 'crawl' then
+        new[6] = was
+        return new
     end
-    changed(rule[1], rule[2])
+    if was == 'operator' then return nil end
+    if new[5] < stored[5] then new[5], new[6] = stored[5], 'crawl' end
+    return new
+end
+for i = 2, #args do
+    local glob, rule = args[i][1], {unpack(args[i], 2)}
+    local hash = P .. (is_exact(glob) and 'lx' or 'limits')
+    local stored = redis.call('HGET', hash, glob)
+    rule = merged(stored and cmsgpack.unpack(stored), rule)
+    if rule then
+        redis.call('HSET', hash, glob, cmsgpack.pack(rule))
+        changed(glob, rule[1])
+    end
 end
 local gates = {}
 local function follow(group)

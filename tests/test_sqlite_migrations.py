@@ -1,0 +1,41 @@
+"""A database an older crawlq made opens in this one: its migrations run once, in order, and
+what it held keeps its meaning."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from crawlq.backends import open_backend
+from crawlq.backends.sqlite.store import MIGRATIONS, SCHEMA_VERSION, _statements
+
+from .helpers import assert_a_rule_of_old_is_the_apps
+
+
+def older_database(path: Path, version: int) -> None:
+    """A database as crawlq made it at schema `version`."""
+    with sqlite3.connect(path) as db:
+        for number, script in MIGRATIONS:
+            if number <= version:
+                for statement in _statements(script):
+                    db.execute(statement)
+        db.execute(f"PRAGMA user_version = {version}")
+    db.close()
+
+
+async def test_rules_stored_before_they_had_an_origin_are_the_apps(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    older_database(path, 7)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO limits VALUES ('slow.test', 1, 2.0)")
+    db.close()
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    try:
+        await assert_a_rule_of_old_is_the_apps(backend, "slow.test")
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.close()
