@@ -23,6 +23,7 @@ from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import Timeouts
 from crawlq.crawl.store import WarcStore
 from crawlq.crawl.testing import Site, SyntheticWeb, hang, redirect, respond
+from crawlq.crawl.testing.sites import page_html
 from crawlq.worker import Worker
 
 from .conftest import FAST_RETRY, crawl_settings, fetch_settings
@@ -300,6 +301,37 @@ async def test_links_robots_txt_refuses_take_nothing_of_the_page_budget(tmp_path
     assert sorted(fetched) == ["/page/0", "/page/2", "/page/3"]
     refused = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
     assert [r["error"] for r in refused] == ["robots_disallowed"]
+
+
+async def test_a_url_a_redirect_led_to_is_fetched_once_and_takes_nothing_of_the_budget(
+    tmp_path: Path, url: str
+) -> None:
+    """/a links /dir, which redirects to /dir/, and /b, which links /dir/ and /c; one page at
+    a time, in the order found, so /dir is done before /b starts. /dir/ was fetched with
+    /dir: /b's link to it is not fetched again. A budget of 4 pages fetches /c as well: the
+    URL a redirect led to takes no page of it."""
+    site = Site(
+        name="a.test",
+        routes={
+            "/a": respond(200, page_html("a", ["/dir", "/b"])),
+            "/dir": redirect("/dir/", 301),
+            "/dir/": respond(200, page_html("dir", [])),
+            "/b": respond(200, page_html("b", ["/dir/", "/c"])),
+            "/c": respond(200, page_html("c", [])),
+        },
+    )
+    async with SyntheticWeb([site]) as net:
+        settings = crawl_settings(net, tmp_path, max_pages=4, concurrency_per_domain=1)
+        crawl = Crawl(settings, backend=url)
+        await crawl.run([net.url("a.test", "/a")])
+    fetched = [h.path for h in net.hits_for("a.test", pages_only=True)]
+    assert sorted(fetched) == ["/a", "/b", "/c", "/dir", "/dir/"]
+    records = records_by_url(tmp_path)
+    assert sorted(records) == [net.url("a.test", path) for path in ("/a", "/b", "/c", "/dir")]
+    assert [
+        (r["status"], r["final_url"], r["title"]) for r in records[net.url("a.test", "/dir")]
+    ] == [(200, net.url("a.test", "/dir/"), "dir")]
+    assert (crawl.stats.pages, crawl.budget.used()) == (4, 4)
 
 
 async def test_a_user_task_fetches_politely_through_its_context(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from .robots import refusal
 from .scope import Scope
 from .settings import FetchSettings
 from .store import ContentStore, WarcStore
-from .urls import canonicalize
+from .urls import canonicalize, is_canonical
 from .warc import DEFAULT_FILE_BYTES, RecordRef
 
 STORE = "crawlq.crawl.store"
@@ -93,11 +93,17 @@ def page_key(element: Mapping[str, Any]) -> str:
 
 
 def page_group(element: JSON) -> str:
-    """A page's host, as for any task grouped by host; none for a page robots.txt refused
-    when it was found: it sends nothing, so it takes no turn of its host's interval."""
-    if isinstance(element, dict) and element.get("refused"):
+    """A page's host, as for any task grouped by host; none for an element that sends no
+    request: it takes no turn of its host's interval."""
+    if isinstance(element, dict) and _sends_no_request(element):
         return NO_GROUP
     return group_of(element, GroupBy.HOST)
+
+
+def _sends_no_request(element: Mapping[str, Any]) -> bool:
+    """A link robots.txt refused when it was found (recorded as refused), or a URL that a
+    page's redirects led to (`fetched_with` that page, and recorded by it)."""
+    return bool(element.get("refused") or element.get("fetched_with"))
 
 
 class _RecordsResource:
@@ -218,9 +224,10 @@ class Crawl:
         records: JsonlWriter = ctx.app.shared(RECORDS).writer
         started = time.monotonic()
         base = _Base(url=url, depth=depth, attempt=ctx.attempt)
-        if element.get("refused"):
-            self.stats.errors += 1
-            records.write(_error_record(base, refusal(url), None, started, retry=False))
+        if _sends_no_request(element):
+            if element.get("refused"):
+                self.stats.errors += 1
+                records.write(_error_record(base, refusal(url), None, started, retry=False))
             return
         try:
             response = await self.politeness(ctx).fetch(
@@ -261,6 +268,8 @@ class Crawl:
             retry_left = not self.settings.retry.exhausted(ctx.attempt)
             records.write(_error_record(base, failure, ref, started, retry=retry_left))
             raise failure
+        if response.history:
+            await self._mark_fetched(ctx, url, depth, response)
         title, found, queued = None, 0, 0
         error: FetchError | None = None
         if response.is_html and 200 <= response.status < 300:
@@ -295,6 +304,21 @@ class Crawl:
                 warc=_ref_text(ref),
             )
         )
+
+    async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
+        """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to
+        one of them found later is not fetched again (one already queued as a page of its own
+        still is: "only if new" leaves it be). Every hop passed the scope check; none takes a
+        page of the budget, as none sends a request of its own."""
+        known = self._known.of(ctx.backend)
+        hops = dict.fromkeys(hop.url for hop in response.chain[1:])
+        reached = [hop for hop in hops if hop != url and hop not in known and is_canonical(hop)]
+        if reached:
+            marks: list[JSON] = [
+                {"url": hop, "depth": depth, "fetched_with": url} for hop in reached
+            ]
+            await ctx.schedule_many(self.task, marks, only_if_new=True)
+            self._known.add(ctx.backend, known, reached)
 
     async def _follow(self, ctx: Context, links: list[str], depth: int, exclude: set[str]) -> int:
         scope, known = self.settings.scope, self._known.of(ctx.backend)
