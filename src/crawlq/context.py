@@ -92,17 +92,13 @@ class Context:
     @property
     def fetcher(self) -> Fetcher:
         """The worker's fetcher: `app.provide("crawlq.fetcher", ...)` configures it."""
-        from .crawl.fetcher import Fetcher
-
-        fetcher: Fetcher = self.app.shared(FETCHER, Fetcher)
+        fetcher: Fetcher = self.app.shared(FETCHER, _default_fetcher)
         return fetcher
 
     @property
     def politeness(self) -> Politeness:
-        from .crawl.politeness import Politeness
-
         backend = self._backend
-        politeness: Politeness = self.app.shared(POLITENESS, lambda: Politeness(backend))
+        politeness: Politeness = self.app.shared(POLITENESS, lambda: _politeness(backend))
         return politeness
 
     async def fetch(self, url: str, **options: Any) -> Response:
@@ -159,3 +155,19 @@ class SyncContext:
         """`Context.fetch` for sync tasks: blocks this thread, not the worker's loop."""
         coro = self._ctx.fetch(url, **options)
         return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()
+
+
+# The crawler is imported when first needed, not for each task that asks (nor by workers that
+# never fetch).
+
+
+def _default_fetcher() -> Fetcher:
+    from .crawl.fetcher import Fetcher
+
+    return Fetcher()
+
+
+def _politeness(backend: Backend) -> Politeness:
+    from .crawl.politeness import Politeness
+
+    return Politeness(backend)
