@@ -17,12 +17,14 @@ import pytest
 from aiohttp import web
 
 from crawlq.backends import open_backend
+from crawlq.crawl import politeness as politeness_module
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher, Login, Session
 from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import FetchSettings, Timeouts
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, hang, redirect, respond
+from crawlq.types import Limit, LimitRule
 
 from .conftest import fetch_settings
 
@@ -578,3 +580,40 @@ async def test_a_request_whose_task_is_cancelled_by_a_timer_due_before_it_is_wri
         # Whatever was written has arrived: another request on the host is answered after it.
         await fetcher.fetch(net.url("b.test", "/page/3"))
     assert paths(net, "b.test") == ["/robots.txt", "/page/1", "/page/3"]
+
+
+async def test_a_worker_forgets_send_times_and_names_of_hosts_it_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crawl over millions of hosts must not keep a send time and a resolved name for each
+    host it ever saw: a worker keeps those of the hosts it paces now (send times within the
+    longest gap it paces by; names resolved within two DNS TTLs)."""
+    monkeypatch.setattr(politeness_module, "TIDY_EVERY", 0.0)
+    hosts = [f"h{n}.test" for n in range(12)]
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    await backend.set_limits([LimitRule(pattern="*.test", limit=Limit(interval=0.05))])
+    politeness = Politeness(backend)
+    try:
+        async with (
+            SyntheticWeb([Site(name=host, pages=2) for host in hosts]) as net,
+            Fetcher(fetch_settings(net, dns_ttl=3600)) as fetcher,
+        ):
+            for host in hosts:
+                await politeness.fetch(fetcher, net.url(host, "/page/0"))
+            assert resolved_names(fetcher) == set(hosts)
+            await asyncio.sleep(0.1)  # past the 0.05 s gap: every send time is stale now
+            fetcher._dns_cleared -= 3600  # and the names have been kept a TTL
+            await politeness.fetch(fetcher, net.url("h0.test", "/page/1"))
+            assert fetcher._sent.keys() == {"h0.test"}
+            assert politeness._last_sent.keys() == {"h0.test"}
+            assert resolved_names(fetcher) <= {"h0.test"}  # its connection may still be open
+            assert [hit.path for hit in net.hits_for("h0.test")][-1] == "/page/1"
+    finally:
+        await backend.close()
+
+
+def resolved_names(fetcher: Fetcher) -> set[str]:
+    """The names in aiohttp's DNS cache (a private table: keyed by (host, port))."""
+    assert fetcher._connector is not None
+    return {host for host, _ in fetcher._connector._cached_hosts._addrs_rr}

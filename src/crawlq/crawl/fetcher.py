@@ -150,6 +150,7 @@ class Fetcher:
         self._verdicts: dict[str, tuple[float, str | None]] = {}  # proxied host -> refusal
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
+        self._dns_cleared = time.monotonic()
         self._slot: ContextVar[SendSlot | None] = ContextVar("send_slot", default=None)
         self._pending = PendingAnswers()
         # The hop `_send_once` is doing: where its request went (host, connection).
@@ -273,8 +274,24 @@ class Fetcher:
 
     def last_sent(self, host: str) -> float | None:
         """When (epoch seconds) this fetcher last sent a request to `host`, robots.txt
-        requests included; None if never."""
+        requests included; None if never (or before the time given `forget_sent_before`)."""
         return self._sent.get(host)
+
+    def forget_sent_before(self, moment: float) -> None:
+        """Drops the send times before `moment` (epoch seconds), so that a crawl over
+        millions of hosts keeps those of the hosts it paces now, not of every host it saw."""
+        sent = self._sent  # in place: the sessions' request class holds this map
+        for host in [host for host, at in sent.items() if at < moment]:
+            del sent[host]
+
+    def _clear_dns_cache_now_and_then(self) -> None:
+        """aiohttp keeps a resolved name until it is looked up again after its TTL: a crawl
+        over millions of hosts would keep every one. Cleared each TTL, the cache holds the
+        hosts of the last two TTLs, and an active host is resolved at most once more a TTL."""
+        now = time.monotonic()
+        if now - self._dns_cleared >= self.settings.dns_ttl and self._connector is not None:
+            self._connector.clear_dns_cache()
+            self._dns_cleared = now
 
     @contextmanager
     def _sending_on(self, slot: SendSlot | None) -> Iterator[None]:
@@ -342,6 +359,7 @@ class Fetcher:
         first, and `pace` runs right before each hop is sent (after any robots.txt request
         it caused; the slot it returns is confirmed right before the hop's bytes are
         written). Raises FetchError with a Reason; a response of any status is returned."""
+        self._clear_dns_cache_now_and_then()
         session = self.session(url)
         login = session.login
         if login is not None:

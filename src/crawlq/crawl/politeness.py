@@ -74,6 +74,8 @@ MIN_LEAD = 0.002
 SPIN_FINISH = 0.001
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
+#: Seconds between prunings of the send times kept by host and group (`Politeness.tidy`).
+TIDY_EVERY = 60.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,6 +236,8 @@ class Politeness:
         self._limits_read = 0.0
         self._intervals: dict[str, float] = {}
         self._epoch = backend.epoch
+        self._longest_gap = 0.0  # seconds: the longest a slot of this worker kept groups apart
+        self._tidied = clock()
 
     async def interval(self, group: str) -> float:
         """The group's interval: its limit rule (read again every LIMITS_TTL seconds), or the
@@ -274,6 +278,7 @@ class Politeness:
         if interval <= 0:
             return Unpaced(politeness=self, group=group, url=url)
         margin = min(MAX_PACING_MARGIN, interval * PACING_MARGIN)
+        self._longest_gap = max(self._longest_gap, interval + margin)
         slot = Slot(
             politeness=self,
             group=group,
@@ -313,6 +318,21 @@ class Politeness:
 
     def sent_at(self, group: str, when: float) -> None:
         self._last_sent[group] = max(when, self._last_sent.get(group, 0.0))
+
+    def tidy(self, fetcher: Fetcher) -> None:
+        """Every TIDY_EVERY seconds, forgets the send times (this worker's, by group, and the
+        fetcher's, by host) from before the longest gap it paced by: `earliest` reads them as
+        it reads none. A crawl over millions of hosts then keeps those of the hosts it is
+        crawling, not of every host it saw."""
+        now = self.clock()
+        if now - self._tidied < TIDY_EVERY:
+            return
+        self._tidied = now
+        horizon = now - self._longest_gap
+        sent = self._last_sent
+        for group in [group for group, at in sent.items() if at < horizon]:
+            del sent[group]
+        fetcher.forget_sent_before(horizon)
 
     def blocked_until(self, group: str) -> float | None:
         until = self._blocked.get(group)
@@ -359,6 +379,7 @@ class Politeness:
         pause (the group is then blocked), FetchError for every other failure."""
         if self.backend.epoch != self._epoch:
             await self._store_again()
+        self.tidy(fetcher)
         first = group or url_host(url)
 
         def group_of(hop: str) -> str:
