@@ -80,6 +80,10 @@ def test_search_text_becomes_a_glob() -> None:
     assert glob_for("") == "*"
     assert glob_for(" example ") == "*example*"
     assert glob_for("*.gov") == "*.gov"
+    # spelled as group names are, or a search for a host as typed would find nothing
+    assert glob_for("Shop.Example.") == "*shop.example*"
+    assert glob_for("Bücher.DE") == "*xn--bcher-kva.de*"
+    assert glob_for("*.Bücher.de") == "*.xn--bcher-kva.de"
 
 
 def test_sparkline_scales_into_its_box() -> None:

@@ -33,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..backends import Backend
 from ..errors import CrawlqError, UnknownQueue
+from ..grouping import group_pattern
 from ..types import GroupStats
 from .logs import redact
 from .metrics import exposition, throttle_reason
@@ -98,8 +99,9 @@ def sparkline(values: list[float], width: int = 160, height: int = 32) -> str:
 
 
 def glob_for(search: str) -> str:
-    """A search box's text as a glob: itself if it has glob characters, else *text*."""
-    search = search.strip()
+    """A search box's text as a glob: itself if it has glob characters, else *text*; spelled
+    as group names are (lower case, IDNA: `Bücher.DE` finds xn--bcher-kva.de)."""
+    search = group_pattern(search.strip())
     if not search:
         return "*"
     if any(c in search for c in "*?["):
