@@ -81,8 +81,17 @@ local function fmt(x)
     return string.format('%.17g', x)
 end
 
+-- Each queue's key prefix, built once a call: a call builds ten or more keys of one queue,
+-- and turning its length into text costs more than the rest of the name.
+local queue_prefixes
+
 local function qkey(queue, kind)
-    return P .. 'q:' .. #queue .. ':' .. queue .. ':' .. kind
+    local prefix = queue_prefixes[queue]
+    if prefix == nil then
+        prefix = P .. 'q:' .. #queue .. ':' .. queue .. ':'
+        queue_prefixes[queue] = prefix
+    end
+    return prefix .. kind
 end
 
 local function gkey(group)
@@ -192,8 +201,9 @@ local HEAD_NUMBERS = {['"https://'] = 1, ['"http://'] = 2}
 local QUOTE = 34  -- '"'
 
 local function encode(rec)
-    local stored = {}
-    for i = 1, REC_SIZE do stored[i] = rec[i] end
+    -- The REC_SIZE fields in one table made at once: filled field by field, it grew five times.
+    local stored = {rec[1], rec[2], rec[3], rec[4], rec[5], rec[6], rec[7], rec[8], rec[9],
+                    rec[10], rec[11], rec[12], rec[13], rec[14], rec[15]}
     local group, key = rec[GROUP], rec[KEY]
     stored[GROUP], stored[KEY_AT] = group_id(group), false
     if stored[PRIORITY] == 0 then stored[PRIORITY] = false end
@@ -714,10 +724,9 @@ local function apply(item, touched)
             redis.call('HINCRBY', qkey(queue, 'eb'), 'c', 1)
             bucket_state(queue).collisions = bucket_state(queue).collisions + 1
         end
-        rec = {}
-        for i = 1, REC_SIZE do rec[i] = false end
-        rec[ID], rec[GROUP], rec[DUE], rec[STATE] = redis.call('INCR', P .. 'seq'), group, due, READY
-        rec[KEY], rec[PAYLOAD], rec[PRIORITY], rec[ATTEMPTS] = key, payload, priority, 0
+        -- ID, GROUP, DUE, STATE, KEY, KEY_AT, PAYLOAD, PRIORITY, ATTEMPTS, then all false
+        rec = {redis.call('INCR', P .. 'seq'), group, due, READY, key, false, payload, priority, 0,
+               false, false, false, false, false, false}
         place(queue, field, rec, touched, true)
         group_count(group, 'q', 1)
         save(queue, field, rec)
@@ -767,6 +776,7 @@ local function begin(ARGV)
     end
     GROUP_PREFIX = P .. 'g:'
     group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
+    queue_prefixes = {}
     deltas, counted, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules, dead_queues = nil, {}, nil, {}
 end
