@@ -21,7 +21,7 @@ if again then
 end
 
 -- 1. leases that expired go back to their queue and free their group's slot
-local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', '(' .. fmt(NOW), 'LIMIT', 0, 200)
+local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', '(' .. fmt_now(), 'LIMIT', 0, 200)
 local touched, gates = {}, {}
 for _, member in ipairs(expired) do
     local queue, field = split_lease_member(member)
@@ -37,7 +37,7 @@ if #expired > 0 then settle(touched, gates, true) end
 
 for _, queue in ipairs(queues) do
     -- 2. delayed elements that became due join their sub-queues
-    local due = redis.call('ZRANGEBYSCORE', qkey(queue, 'd'), '-inf', fmt(NOW), 'LIMIT', 0, 5000)
+    local due = redis.call('ZRANGEBYSCORE', qkey(queue, 'd'), '-inf', fmt_now(), 'LIMIT', 0, 5000)
     if #due > 0 then
         local promoted = {}
         for _, field in ipairs(due) do
@@ -53,7 +53,7 @@ for _, queue in ipairs(queues) do
         for group, _ in pairs(promoted) do refresh_pair(queue, group) end
     end
     -- 3. waiting rows whose gate passed become active
-    for _, group in ipairs(redis.call('ZRANGEBYSCORE', qkey(queue, 'fw'), '-inf', fmt(NOW))) do
+    for _, group in ipairs(redis.call('ZRANGEBYSCORE', qkey(queue, 'fw'), '-inf', fmt_now())) do
         refresh_pair(queue, group)
     end
 end
@@ -178,7 +178,8 @@ while #result - 2 < limit do
         count(queue, RUNNING, taken)
         group_count(group, 'q', -taken)
         group_count(group, 'r', taken)
-        if group ~= '' then redis.call('HSET', gkey(group), 'ls', fmt(NOW)) end
+        -- Its last start: written with its counts, by `flush` (the counts above reach it).
+        if group ~= '' then note_start(group) end
         if still_open(group, g) then
             -- Only this row's head moved; the group's other rows stay active.
             local rows, active = qkey(queue, 'fr'), qkey(queue, 'fa')

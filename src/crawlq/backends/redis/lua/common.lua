@@ -81,6 +81,14 @@ local function fmt(x)
     return string.format('%.17g', x)
 end
 
+-- NOW as stored, formatted once a call: a claim writes and compares it several times.
+local now_text
+
+local function fmt_now()
+    if now_text == nil then now_text = fmt(NOW) end
+    return now_text
+end
+
 -- Each queue's key prefix, built once a call: a call builds ten or more keys of one queue,
 -- and turning its length into text costs more than the rest of the name.
 local queue_prefixes
@@ -335,13 +343,33 @@ local function known_counts(group, queued, running)
     counted[gkey(group)] = {queued, running}
 end
 
+-- Group key -> true for the groups that started elements at NOW (a claim's): `flush` writes
+-- that as their last start (ls), in the HSET of their counts (one command less a claim), and
+-- `gate` reads it from here until then.
+local started_now
+
+local function note_start(group)
+    started_now[gkey(group)] = true
+end
+
+-- The group's last start: NOW if it started this call, else as stored (text or nil).
+local function last_start(group, stored)
+    if started_now[gkey(group)] then return NOW end
+    return tonumber(stored)
+end
+
 local function flush()
     for key, fields in pairs(deltas) do
         local known = counted[key]
         local queued, running
         if known then
             queued, running = known[1] + (fields.q or 0), known[2] + (fields.r or 0)
-            redis.call('HSET', key, 'q', queued, 'r', running)
+            if started_now[key] then
+                redis.call('HSET', key, 'q', queued, 'r', running, 'ls', fmt_now())
+                started_now[key] = nil
+            else
+                redis.call('HSET', key, 'q', queued, 'r', running)
+            end
         end
         for field, delta in pairs(fields) do
             if delta ~= 0 and not (known and (field == 'q' or field == 'r')) then
@@ -366,6 +394,9 @@ local function flush()
         end
     end
     deltas, counted = {}, {}
+    -- Starts of groups whose counts were not read (none in a claim as it stands).
+    for key, _ in pairs(started_now) do redis.call('HSET', key, 'ls', fmt_now()) end
+    started_now = {}
     apply_chunked('ZREM', P .. 'leases', lease_removals)
     apply_chunked('ZADD', P .. 'leases', lease_adds)  -- score, member pairs: chunks stay even
     lease_adds, lease_removals = {}, {}
@@ -450,7 +481,8 @@ local function gate(group)
     local running = (tonumber(g[3]) or 0) + pending(gkey(group), 'r')
     if concurrency and running >= concurrency then return NEVER end
     local t = 0
-    if g[4] then t = tonumber(g[4]) + (tonumber(g[2]) or 0) end
+    local last = last_start(group, g[4])
+    if last then t = last + (tonumber(g[2]) or 0) end
     local blocked = tonumber(g[5])
     if blocked and blocked > t then t = blocked end
     return t
@@ -776,7 +808,7 @@ local function begin(ARGV)
     end
     GROUP_PREFIX = P .. 'g:'
     group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
-    queue_prefixes = {}
+    queue_prefixes, now_text, started_now = {}, nil, {}
     deltas, counted, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules, dead_queues = nil, {}, nil, {}
 end

@@ -30,7 +30,7 @@ for i = 2, #args do
             if redis.call('HSET', dead, key, cmsgpack.pack(letter)) == 1 then
                 count(queue, DEAD, 1)
             end
-            redis.call('ZADD', qkey(queue, 'xo'), fmt(NOW), key)
+            redis.call('ZADD', qkey(queue, 'xo'), fmt_now(), key)
             finish(queue, field, rec, seen, bucket, touched)
         end
     end
