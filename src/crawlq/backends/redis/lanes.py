@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -34,7 +34,12 @@ from ...errors import BackendError
 
 def pack(*args: bytes | str | int | float) -> bytes:
     """One command in the Redis protocol (RESP): an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
+    return b"*%d\r\n" % len(args) + bulk_strings(args)
+
+
+def bulk_strings(args: Iterable[bytes | str | int | float]) -> bytes:
+    """Arguments as RESP bulk strings: a command without its array's header (see `pack`)."""
+    out = []
     for arg in args:
         if isinstance(arg, str):
             data = arg.encode()

@@ -20,7 +20,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .lanes import Lanes, pack
+from .lanes import Lanes, bulk_strings
 
 OPERATIONS = (
     "schedule",
@@ -72,10 +72,19 @@ def missing(exc: ResponseError) -> bool:
     return "Function not found" in str(exc)
 
 
+@cache
+def command_head(operation: str, keys: tuple[str, ...], args: int) -> bytes:
+    """An operation's FCALL up to its arguments, packed once, as it is the same in every call
+    of a backend: packing the whole command cost ~3 us a call here, the arguments alone ~1.4."""
+    return b"*%d\r\n" % (3 + len(keys) + args) + bulk_strings(
+        (b"FCALL", function_name(operation), len(keys), *keys)
+    )
+
+
 async def call(lanes: Lanes, operation: str, keys: list[str], args: list[Any]) -> Any:
     """One operation, over the lanes; the library is loaded again first if the server lost
     it."""
-    command = pack(b"FCALL", function_name(operation), len(keys), *keys, *args)
+    command = command_head(operation, tuple(keys), len(args)) + bulk_strings(args)
     try:
         return await lanes.call(command)
     except ResponseError as exc:
