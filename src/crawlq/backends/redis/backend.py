@@ -339,6 +339,8 @@ class RedisBackend:
             return ScheduleResult()
         for item in items:
             _check_schedule(item)
+        if len(items) == 1:  # the most common call: nothing to fold, one call
+            return await self._schedule_once(items)
         result = ScheduleResult()
         rounds = merge(items)  # nearly always one
         if len(rounds) > 1 or len(rounds[0]) > CALL_ITEMS:
