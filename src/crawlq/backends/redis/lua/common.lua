@@ -489,11 +489,12 @@ local function gate(group)
 end
 
 -- Puts the (queue, group) row where it belongs: active with its head, waiting for its gate,
--- or gone when the sub-queue is empty.
-local function refresh_pair(queue, group)
+-- or gone when the sub-queue is empty. `old`, the row as the caller read it (false: none),
+-- and `head`, the sub-queue's {head member, score}, are read here unless given.
+local function refresh_pair(queue, group, old, head)
     local rows, active, waiting = qkey(queue, 'fr'), qkey(queue, 'fa'), qkey(queue, 'fw')
-    local old = redis.call('HGET', rows, group)
-    local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
+    if old == nil then old = redis.call('HGET', rows, group) end
+    head = head or redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
     if old and old ~= '' then redis.call('ZREM', active, old) end
     if head[1] == nil then
         if old then
@@ -524,22 +525,23 @@ end
 -- A (queue, group) sub-queue changed but the group's gate did not: only an active row's head
 -- can have moved, or the sub-queue emptied. A waiting row that still has elements waits for
 -- its gate, and the claim reads its head when the gate passes (so a schedule into a busy group
--- costs three reads, not a rewrite of its row).
-local function refresh_head(queue, group)
+-- costs three reads, not a rewrite of its row). `head`: the sub-queue's {head member, score}
+-- when the caller knows it (then the sub-queue is not empty), else read here.
+local function refresh_head(queue, group, head)
     local old = redis.call('HGET', qkey(queue, 'fr'), group)
     if old == '' then
-        if redis.call('EXISTS', qkey(queue, 'r:' .. group)) == 1 then return end
-        refresh_pair(queue, group)
+        if head or redis.call('EXISTS', qkey(queue, 'r:' .. group)) == 1 then return end
+        refresh_pair(queue, group, old)
         return
     end
     if old then
-        local head = redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
+        head = head or redis.call('ZRANGE', qkey(queue, 'r:' .. group), 0, 0, 'WITHSCORES')
         if head[1] and string.sub(head[1], 1, RANK_SIZE) .. group == old
                 and tonumber(redis.call('ZSCORE', qkey(queue, 'fa'), old)) == tonumber(head[2]) then
             return
         end
     end
-    refresh_pair(queue, group)
+    refresh_pair(queue, group, old, head)
 end
 
 -- The group's running count, start, limits or block changed: every row of it follows.
@@ -566,25 +568,29 @@ end
 local woken
 
 -- touched: set of "<#q>:<q><group>" -> {queue, group, added = the member of a new element,
--- moved = whether anything else (or more) changed in that sub-queue}; gates: set of groups.
-local function touch(touched, queue, group, added)
+-- score = its score, moved = whether anything else (or more) changed in that sub-queue};
+-- gates: set of groups.
+local function touch(touched, queue, group, added, score)
     local name = lease_member(queue, group)
     local pair = touched[name]
     if pair == nil then
-        touched[name] = {queue, group, added = added, moved = not added}
+        touched[name] = {queue, group, added = added, score = score, moved = not added}
     else
         pair.moved = true
     end
 end
 
 -- A touched sub-queue's row follows it. When all that changed is one new element and it did
--- not become the head, the row (active or waiting) already stands: one ZRANK.
+-- not become the head, the row (active or waiting) already stands: one ZRANK. When it did
+-- (a new group's first element, say), the head is known and not read again.
 local function refresh_touched(pair)
+    local head
     if not pair.moved then
         local at = redis.call('ZRANK', qkey(pair[1], 'r:' .. pair[2]), pair.added)
         if at and at > 0 then return end
+        if at == 0 then head = {pair.added, pair.score} end
     end
-    refresh_head(pair[1], pair[2])
+    refresh_head(pair[1], pair[2], head)
 end
 
 -- Sub-queues changed and groups' gates moved (`opened`: only by freed slots): their rows
@@ -617,7 +623,7 @@ local function place(queue, field, rec, touched, added)
         rec[STATE] = READY
         local member = rank(rec) .. field
         redis.call('ZADD', qkey(queue, 'r:' .. rec[GROUP]), -rec[PRIORITY], member)
-        touch(touched, queue, rec[GROUP], added and member)
+        touch(touched, queue, rec[GROUP], added and member, -rec[PRIORITY])
     end
     count(queue, rec[STATE], 1)
 end
