@@ -475,9 +475,8 @@ def _scrapy_of(results: list[dict[str, Any]], config: str) -> dict[str, Any] | N
     return next((r for r in results if (r["config"], r["crawler"]) == (config, "scrapy")), None)
 
 
-def section(results: list[dict[str, Any]], load: str) -> str:
+def section(results: list[dict[str, Any]], load: str, date: str) -> str:
     configs = "\n".join(f"- **{c.name}**: {c.describe()}" for c in CONFIGS.values())
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"""{BEGIN}
 ### Crawling: crawlq against Scrapy (issue 4)
 
@@ -585,9 +584,11 @@ def main(argv: list[str] | None = None) -> None:
     if options.from_json:
         saved = json.loads(options.from_json.read_text())
         if options.write:
-            write_section(options.write, section(saved["results"], saved["load"]))
+            date = saved.get("date", "(date not saved)")
+            write_section(options.write, section(saved["results"], saved["load"], date))
         return
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     results = []
     with tempfile.TemporaryDirectory(prefix="crawlbench-") as temporary:
         scratch = options.keep or temporary
@@ -608,9 +609,10 @@ def main(argv: list[str] | None = None) -> None:
     print(table(results))
     print("\n".join(targets(results)))
     if options.json:
-        options.json.write_text(json.dumps({"load": load, "results": results}, indent=1))
+        saved = {"date": date, "load": load, "results": results}
+        options.json.write_text(json.dumps(saved, indent=1))
     if options.write:
-        write_section(options.write, section(results, load))
+        write_section(options.write, section(results, load, date))
 
 
 if __name__ == "__main__":
