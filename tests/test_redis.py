@@ -429,6 +429,21 @@ async def test_rules_stored_before_they_had_an_origin_are_the_apps(
         # As crawlq stored an exact rule before origins: {lua pattern, a, b, concurrency, interval}
         client.hset("{origins}:lx", "slow.test", msgpack.packb(["^slow%.test$", 9, 0, 1, 2.0]))
         await assert_a_rule_of_old_is_the_apps(backend, "slow.test")
+        # Rules keep that layout, so an older crawlq sharing the namespace still reads them.
+        await backend.set_limits(
+            [
+                LimitRule(pattern="*.test", limit=Limit(concurrency=2), origin="operator"),
+                LimitRule(pattern="c.test", limit=Limit(interval=3.0), origin="crawl"),
+            ]
+        )
+        records = {**client.hgetall("{origins}:limits"), **client.hgetall("{origins}:lx")}
+        assert {len(msgpack.unpackb(raw)) for raw in records.values()} == {5}
+        assert {(r.pattern, r.origin) for r in await backend.limits()} == {
+            ("*", "app"),
+            ("*.test", "operator"),
+            ("c.test", "crawl"),
+            ("slow.test", "operator"),
+        }
 
 
 async def test_opening_without_create_refuses_an_empty_namespace(

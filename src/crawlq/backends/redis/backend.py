@@ -508,15 +508,17 @@ class RedisBackend:
     async def limits(self) -> list[LimitRule]:
         globs = await self._call(lambda: self.client.hgetall(self.prefix + "limits"))
         exact = await self._call(lambda: self.client.hgetall(self.prefix + "lx"))
+        origins = await self._call(lambda: self.client.hgetall(self.prefix + "lo"))
         rules = []
         for pattern, raw in {**globs, **exact}.items():
-            _, _, _, concurrency, interval, *origin = _unpacked(raw)
+            _, _, _, concurrency, interval = _unpacked(raw)
             limit = Limit(concurrency=concurrency or None, interval=float(interval))
-            rules.append(LimitRule(pattern=pattern.decode(), limit=limit, origin=_origin(origin)))
+            origin = _origin(origins.get(pattern, b"app"))
+            rules.append(LimitRule(pattern=pattern.decode(), limit=limit, origin=origin))
         return sorted(rules, key=lambda r: r.pattern)
 
     async def set_limits(self, rules: Sequence[LimitRule]) -> None:
-        await self._run("limits", [False, *(_rule(r) for r in rules)])
+        await self._run("limits", [False, *([*_rule(r), r.origin] for r in rules)])
 
     async def delete_limit(self, pattern: str) -> bool:
         return bool(await self._run("limits", [pattern]))
@@ -764,10 +766,9 @@ def _rule(rule: LimitRule) -> list[Any]:
     """A limit rule as the scripts store it: glob, Lua pattern, specificity, limit."""
     high, low = specificity(rule.pattern)
     concurrency = rule.limit.concurrency if rule.limit.concurrency is not None else False
-    interval = rule.limit.interval
-    return [rule.pattern, lua_pattern(rule.pattern), high, low, concurrency, interval, rule.origin]
+    return [rule.pattern, lua_pattern(rule.pattern), high, low, concurrency, rule.limit.interval]
 
 
-def _origin(stored: list[Any]) -> Origin:
-    """A stored rule's origin: "app" for a rule stored before crawlq kept it."""
-    return next((origin for origin in ORIGINS if stored == [origin]), "app")
+def _origin(stored: bytes) -> Origin:
+    """A rule's origin as `lo` holds it."""
+    return next((origin for origin in ORIGINS if stored == origin.encode()), "app")

@@ -13,9 +13,10 @@
 --   P queues            hash   queue -> msgpack {group_by, custom_key, seen}
 --   P seq               string insertion counter: element ids, the last tie-break of the order
 --   P limits            hash   glob -> msgpack {lua pattern, specificity a, specificity b,
---                                                concurrency or false, interval, origin}: the
---                              rules with a wildcard (origin: who set it, see limits.lua)
+--                                                concurrency or false, interval}: the rules
+--                              with a wildcard
 --   P lx                hash   the same for exact rules (`is_exact`), found by group name
+--   P lo                hash   glob -> who set its rule, "operator" or "crawl" (none: the app)
 --   P busy              zset   groups with queued or running elements, score
 --                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,

@@ -3,8 +3,9 @@
 -- alone, so setting one costs the same with 100,000 groups as with ten.
 -- ARGV[3]: msgpack {pattern to delete or false, rules...}; a rule is
 --   {glob, lua pattern, specificity a, specificity b, concurrency or false, interval, origin}
---   and is stored without its glob; origin is "app", "operator" or "crawl" (absent in rules
---   stored before crawlq kept it: "app").
+--   stored without its glob and origin (as crawlq stored rules before they had one, so an
+--   older crawlq on the same namespace still reads them); origin, "operator" or "crawl", goes
+--   to P lo by glob, and "app" is none there.
 -- Returns 1 when the pattern to delete existed, else 0.
 local args = cmsgpack.unpack(ARGV[3])
 local deleted = 0
@@ -23,28 +24,36 @@ if args[1] then
         changed(args[1])
         deleted = 1
     end
+    redis.call('HDEL', P .. 'lo', args[1])
 end
--- The rule to store over `stored` (nil: keep `stored`), as limits.merged in Python decides:
--- an operator's rule outlasts the app's, and the app's never undercuts a Crawl-delay.
-local function merged(stored, new)
-    if not stored then return new end
-    local was, by = stored[6] or 'app', new[6]
-    if by == 'operator' or was == 'app' then return new end
-    if by == 'crawl' then
-        new[6] = was
-        return new
-    end
+-- The rule to store over `stored`, set by `was` (nil: keep `stored`), and its origin, as
+-- limits.merged in Python decides: an operator's rule outlasts the app's, and the app's never
+-- undercuts a Crawl-delay. (A rule an older crawlq replaced keeps the origin noted before.)
+local function merged(stored, was, new, by)
+    if not stored or by == 'operator' or was == 'app' then return new, by end
+    if by == 'crawl' then return new, was end
     if was == 'operator' then return nil end
-    if new[5] < stored[5] then new[5], new[6] = stored[5], 'crawl' end
-    return new
+    if new[5] < stored[5] then
+        new[5] = stored[5]
+        return new, 'crawl'
+    end
+    return new, 'app'
 end
 for i = 2, #args do
-    local glob, rule = args[i][1], {unpack(args[i], 2)}
+    local item = args[i]
+    local glob, by, rule = item[1], item[7], {item[2], item[3], item[4], item[5], item[6]}
     local hash = P .. (is_exact(glob) and 'lx' or 'limits')
     local stored = redis.call('HGET', hash, glob)
-    rule = merged(stored and cmsgpack.unpack(stored), rule)
+    local was = stored and (redis.call('HGET', P .. 'lo', glob) or 'app')
+    local origin
+    rule, origin = merged(stored and cmsgpack.unpack(stored), was, rule, by)
     if rule then
         redis.call('HSET', hash, glob, cmsgpack.pack(rule))
+        if origin == 'app' then
+            redis.call('HDEL', P .. 'lo', glob)
+        else
+            redis.call('HSET', P .. 'lo', glob, origin)
+        end
         changed(glob, rule[1])
     end
 end
