@@ -310,17 +310,7 @@ async def test_a_url_a_redirect_led_to_is_fetched_once_and_takes_nothing_of_the_
     a time, in the order found, so /dir is done before /b starts. /dir/ was fetched with
     /dir: /b's link to it is not fetched again. A budget of 4 pages fetches /c as well: the
     URL a redirect led to takes no page of it."""
-    site = Site(
-        name="a.test",
-        routes={
-            "/a": respond(200, page_html("a", ["/dir", "/b"])),
-            "/dir": redirect("/dir/", 301),
-            "/dir/": respond(200, page_html("dir", [])),
-            "/b": respond(200, page_html("b", ["/dir/", "/c"])),
-            "/c": respond(200, page_html("c", [])),
-        },
-    )
-    async with SyntheticWeb([site]) as net:
+    async with SyntheticWeb([redirecting_site(["/dir", "/b"])]) as net:
         settings = crawl_settings(net, tmp_path, max_pages=4, concurrency_per_domain=1)
         crawl = Crawl(settings, backend=url)
         await crawl.run([net.url("a.test", "/a")])
@@ -332,6 +322,36 @@ async def test_a_url_a_redirect_led_to_is_fetched_once_and_takes_nothing_of_the_
         (r["status"], r["final_url"], r["title"]) for r in records[net.url("a.test", "/dir")]
     ] == [(200, net.url("a.test", "/dir/"), "dir")]
     assert (crawl.stats.pages, crawl.budget.used()) == (4, 4)
+
+
+async def test_a_url_a_redirect_led_to_is_free_for_another_process_of_the_crawl(
+    tmp_path: Path,
+) -> None:
+    """The process that followed the redirect knows its target; another process of the crawl
+    (a resumed one here, or one of --processes N) finds a link to it and must neither fetch
+    it nor pay a page of the budget for it."""
+    async with SyntheticWeb([redirecting_site(["/dir"])]) as net:
+        settings = crawl_settings(net, tmp_path, max_pages=4, concurrency_per_domain=1)
+        await Crawl(settings).run([net.url("a.test", "/a")])
+        resumed = Crawl(settings)
+        await resumed.run([net.url("a.test", "/b")])
+    fetched = [h.path for h in net.hits_for("a.test", pages_only=True)]
+    assert sorted(fetched) == ["/a", "/b", "/c", "/dir", "/dir/"]
+    assert resumed.budget.used() == 4
+
+
+def redirecting_site(links_of_a: list[str]) -> Site:
+    """/a links `links_of_a`; /dir redirects to /dir/; /b links /dir/ and /c."""
+    return Site(
+        name="a.test",
+        routes={
+            "/a": respond(200, page_html("a", links_of_a)),
+            "/dir": redirect("/dir/", 301),
+            "/dir/": respond(200, page_html("dir", [])),
+            "/b": respond(200, page_html("b", ["/dir/", "/c"])),
+            "/c": respond(200, page_html("c", [])),
+        },
+    )
 
 
 async def test_a_user_task_fetches_politely_through_its_context(tmp_path: Path) -> None:

@@ -32,26 +32,26 @@ INSERT OR IGNORE INTO budget (id, used) VALUES (1, 0);
 
 class PageBudget:
     """`admit(urls)` says which URLs may be scheduled: those charged before, and new ones
-    while the budget lasts. Admits from the tasks of a worker are group-committed: one
-    transaction for all that are waiting (a crawl admits a page's links hundreds of times a
-    second)."""
+    while the budget lasts; `waive(urls)` makes URLs free without charging them. Both from
+    the tasks of a worker are group-committed: one transaction for all that are waiting (a
+    crawl admits a page's links hundreds of times a second)."""
 
     def __init__(self, directory: Path | str, limit: int | None) -> None:
         self.limit = limit
         self._path = Path(directory) / BUDGET_FILE
         self._write_lock = WriteLock(str(self._path))
         self._connection: sqlite3.Connection | None = None
-        self._commit = GroupCommit(self._admit_all, "crawlq-budget")
+        self._commit = GroupCommit(self._admit_all, "crawlq-budget")  # (urls, waived) each
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
             self._connection = open_shared(self._path, _SCHEMA)
         return self._connection
 
-    def _admit_all(self, batches: list[Sequence[str]]) -> list[list[str]]:
+    def _admit_all(self, batches: list[tuple[Sequence[str], bool]]) -> list[list[str]]:
         assert self.limit is not None
         db = self._db()
-        digests = [[key_hash(url) for url in urls] for urls in batches]
+        digests = [[key_hash(url) for url in urls] for urls, _ in batches]
         wanted = list({digest for batch in digests for digest in batch})
         with self._write_lock.transaction(db):
             known: set[int] = set()
@@ -62,21 +62,22 @@ class PageBudget:
             (used,) = db.execute("SELECT used FROM budget WHERE id = 1").fetchone()
             left = self.limit - used
             charged: list[tuple[int]] = []
+            waived: list[tuple[int]] = []
             admitted: list[list[str]] = []
-            for urls, batch in zip(batches, digests, strict=True):
+            for (urls, free), batch in zip(batches, digests, strict=True):
                 taken: set[int] = set()
                 admitted.append([])
                 for url, digest in zip(urls, batch, strict=True):
                     if digest in taken:
                         continue
                     if digest not in known:
-                        if len(charged) >= left:
+                        if not free and len(charged) >= left:
                             continue
                         known.add(digest)
-                        charged.append((digest,))
+                        (waived if free else charged).append((digest,))
                     taken.add(digest)
                     admitted[-1].append(url)
-            db.executemany("INSERT INTO charged (digest) VALUES (?)", charged)
+            db.executemany("INSERT INTO charged (digest) VALUES (?)", charged + waived)
             db.execute("UPDATE budget SET used = ? WHERE id = 1", (used + len(charged),))
         return admitted
 
@@ -84,7 +85,13 @@ class PageBudget:
         """The URLs that may be scheduled, in their order, once each. Without a limit: all."""
         if self.limit is None or not urls:
             return list(urls)
-        return await self._commit(urls)
+        return await self._commit((urls, False))
+
+    async def waive(self, urls: Sequence[str]) -> None:
+        """Admits `urls` from now on without charging them: pages fetched already (a URL a
+        redirect led to), whose links found by any process of the crawl must cost nothing."""
+        if self.limit is not None and urls:
+            await self._commit((urls, True))
 
     def used(self) -> int:
         """How many URLs were charged for (blocking: for tools and tests)."""

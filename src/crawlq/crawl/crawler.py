@@ -317,6 +317,7 @@ class Crawl:
             marks: list[JSON] = [
                 {"url": hop, "depth": depth, "fetched_with": url} for hop in reached
             ]
+            await self.budget.waive(reached)  # a link to one, found by any process, is free
             await ctx.schedule_many(self.task, marks, only_if_new=True)
             self._known.add(ctx.backend, known, reached)
 
