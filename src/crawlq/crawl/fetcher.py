@@ -280,9 +280,7 @@ class Fetcher:
     def forget_sent_before(self, moment: float) -> None:
         """Drops the send times before `moment` (epoch seconds), so that a crawl over
         millions of hosts keeps those of the hosts it paces now, not of every host it saw."""
-        sent = self._sent  # in place: the sessions' request class holds this map
-        for host in [host for host, at in sent.items() if at < moment]:
-            del sent[host]
+        forget_before(self._sent, moment)  # in place: the sessions' request class holds it
 
     def _clear_dns_cache_now_and_then(self) -> None:
         """aiohttp keeps a resolved name until it is looked up again after its TTL: a crawl
@@ -604,6 +602,13 @@ def _tls(settings: FetchSettings) -> ssl.SSLContext | bool:
     if settings.ca_file is None:
         return True
     return ssl.create_default_context(cafile=settings.ca_file)
+
+
+def forget_before(times: dict[str, float], moment: float) -> None:
+    """Drops, in place, the entries of `times` (a host's or group's last send, in epoch
+    seconds) from before `moment`."""
+    for name in [name for name, at in times.items() if at < moment]:
+        del times[name]
 
 
 def _header_text(value: str) -> str:

@@ -45,7 +45,7 @@ from ..grouping import url_host
 from ..limits import RuleIndex
 from ..types import Limit, LimitRule
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
-from .fetcher import Fetcher
+from .fetcher import Fetcher, forget_before
 from .response import Response
 
 log = logging.getLogger("crawlq.crawl")
@@ -329,9 +329,7 @@ class Politeness:
             return
         self._tidied = now
         horizon = now - self._longest_gap
-        sent = self._last_sent
-        for group in [group for group, at in sent.items() if at < horizon]:
-            del sent[group]
+        forget_before(self._last_sent, horizon)
         fetcher.forget_sent_before(horizon)
 
     def blocked_until(self, group: str) -> float | None:
