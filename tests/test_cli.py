@@ -12,6 +12,7 @@ outlives it fails its test with what it printed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from crawlq.cli.common import connected
 
 REPO = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cli_app:app"
@@ -171,7 +174,7 @@ class Cli:
         return {g["name"]: g for g in self.stats()["groups"]}
 
     def limits(self) -> dict[str, dict[str, Any]]:
-        rules = json.loads(self.ok("limits", "list", "--json").out)
+        rules = json.loads(self.ok("limits", "list", "--json").out)["rules"]
         return {r["pattern"]: r["limit"] for r in rules}
 
     def dead(self, queue: str) -> list[dict[str, Any]]:
@@ -840,6 +843,27 @@ def test_an_operators_rule_outlasts_the_apps_until_deleted(started: Cli) -> None
     assert started.groups()["a.example.test"]["limit"] == {"concurrency": 2, "interval": 0.0}
 
 
+def test_limits_list_the_crawl_delays_and_delete_takes_one_away(started: Cli) -> None:
+    started.ok("schedule", "fetch", '"http://a.example.test/1"')
+    started.ok("limits", "set", "*.example.test", "--concurrency", "1")
+
+    async def crawl_reads_robots_txt() -> None:
+        async with connected(started.url) as backend:
+            await backend.raise_crawl_delays({"a.example.test": 2.5})
+
+    asyncio.run(crawl_reads_robots_txt())
+    rows = [re.split(r"\s{2,}", line.strip()) for line in started.ok("limits").out.splitlines()]
+    assert ["*.example.test", "1", "0s", "operator"] in rows
+    assert ["a.example.test", "by rule", "at least 2.5s", "robots.txt"] in rows
+    listed = json.loads(started.ok("limits", "list", "--json").out)
+    assert listed["crawl_delays"] == {"a.example.test": 2.5}
+    assert started.groups()["a.example.test"]["limit"] == {"concurrency": 1, "interval": 2.5}
+
+    assert started.ok("limits", "delete", "a.example.test").out.strip() == "deleted a.example.test"
+    assert json.loads(started.ok("limits", "list", "--json").out)["crawl_delays"] == {}
+    assert started.groups()["a.example.test"]["limit"] == {"concurrency": 1, "interval": 0.0}
+
+
 def test_limits_delete_accepts_the_pattern_given_to_set(started: Cli) -> None:
     ran = started.ok("limits", "set", "Shop.Example.TEST", "--concurrency", "1")
     assert ran.out.strip() == "shop.example.test: 1 at once, 0s apart"
@@ -890,7 +914,8 @@ def test_limits_take_the_backend_before_or_after_the_subcommand(started: Cli) ->
     started.ok("start", APP, env=started.env(CRAWLQ_BACKEND=url))  # creates the other db
     started.ok("limits", "set", "after.test", "--concurrency", "3", "--backend", url, env=env)
     started.ok("limits", "--backend", url, "set", "before.test", "--concurrency", "5", env=env)
-    rules = json.loads(started.ok("limits", "list", "--json", "--backend", url, env=env).out)
+    listed = started.ok("limits", "list", "--json", "--backend", url, env=env).out
+    rules = json.loads(listed)["rules"]
     patterns = {r["pattern"] for r in rules}
     assert {"after.test", "before.test"} <= patterns
     assert "after.test" not in started.limits()  # the test's own database is untouched

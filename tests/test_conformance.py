@@ -362,15 +362,9 @@ async def test_a_rule_for_one_host_changes_that_group_only_and_globs_still_reach
     assert await limits() == {h: DEFAULT_LIMIT for h in hosts} | {"h9.test": Limit(concurrency=5)}
 
 
-async def test_an_operators_rule_outlasts_the_apps_and_the_app_never_undercuts_a_crawl_delay(
-    backend: Backend,
-) -> None:
+async def test_an_operators_rule_outlasts_the_apps(backend: Backend) -> None:
     """Workers store their app's rules each time they start: an operator's rule for the same
-    pattern must survive that (a host slowed down by hand in an incident), and so must the
-    interval of a rule a crawl stored for a host's Crawl-delay."""
-
-    def limit(concurrency: int, interval: float = 0.0) -> Limit:
-        return Limit(concurrency=concurrency, interval=interval)
+    pattern must survive that (a host slowed down by hand in an incident)."""
 
     def rule(pattern: str, origin: Origin, concurrency: int, interval: float) -> LimitRule:
         return LimitRule(pattern=pattern, limit=limit(concurrency, interval), origin=origin)
@@ -378,41 +372,79 @@ async def test_an_operators_rule_outlasts_the_apps_and_the_app_never_undercuts_a
     async def stored() -> dict[str, tuple[Limit, Origin]]:
         return {r.pattern: (r.limit, r.origin) for r in await backend.limits()}
 
-    async def group_limit(name: str) -> Limit:
-        (group,) = await backend.group_stats(name, include_idle=True)
-        return group.limit
-
-    for host in ("slow.test", "robots.test", "calm.test"):
+    for host in ("slow.test", "calm.test"):
         await schedule(backend, "pages", [url(host)])
     await backend.set_limits([rule("slow.test", "app", 8, 0), rule("*.test", "app", 6, 0)])
     await backend.set_limits([rule("slow.test", "operator", 1, 2)])
     await backend.set_limits([rule("slow.test", "app", 8, 0), rule("*.test", "app", 5, 0)])
     assert (await stored())["slow.test"] == (limit(1, 2), "operator")
-    assert await group_limit("slow.test") == limit(1, 2)
-    assert await group_limit("calm.test") == limit(5)  # the app's other rules still change
-
-    # A Crawl-delay raising the operator's rule leaves it the operator's.
-    await backend.set_limits([rule("slow.test", "crawl", 1, 3)])
-    assert (await stored())["slow.test"] == (limit(1, 3), "operator")
-
-    # The app's rule may change a crawl's concurrency, never lower its interval.
-    await backend.set_limits([rule("robots.test", "crawl", 6, 1.5)])
-    await backend.set_limits([rule("robots.test", "app", 2, 0.5)])
-    assert (await stored())["robots.test"] == (limit(2, 1.5), "crawl")
-    assert await group_limit("robots.test") == limit(2, 1.5)
-    await backend.set_limits([rule("robots.test", "app", 3, 4)])
-    assert (await stored())["robots.test"] == (limit(3, 4), "app")
+    assert await group_limit(backend, "slow.test") == limit(1, 2)
+    assert await group_limit(backend, "calm.test") == limit(5)  # the app's other rules change
 
     # Deleted, the operator's rule gives the pattern back to the app.
     assert await backend.delete_limit("slow.test")
-    assert await group_limit("slow.test") == limit(5)
+    assert await group_limit(backend, "slow.test") == limit(5)
     await backend.set_limits([rule("slow.test", "app", 8, 0)])
     assert (await stored())["slow.test"] == (limit(8), "app")
-    assert await group_limit("slow.test") == limit(8)
+    assert await group_limit(backend, "slow.test") == limit(8)
     # And an operator's rule replaces anyone's at once.
     await backend.set_limits([rule("*.test", "operator", 1, 0)])
     assert (await stored())["*.test"] == (limit(1), "operator")
-    assert await group_limit("calm.test") == limit(1)
+    assert await group_limit(backend, "calm.test") == limit(1)
+
+
+async def test_a_crawl_delay_is_a_floor_under_whatever_rule_gives_the_group_its_limit(
+    backend: Backend,
+) -> None:
+    """A host's robots.txt Crawl-delay raises its group's interval, and rules set later, for
+    the host or a pattern matching it, still give the group its concurrency and any longer
+    interval. (Kept as an exact rule, it outranked every glob: an operator's '*.example.test'
+    or the app's new '*' concurrency never reached the host.)"""
+
+    def rule(pattern: str, concurrency: int, interval: float = 0.0) -> LimitRule:
+        return LimitRule(pattern=pattern, limit=limit(concurrency, interval))
+
+    for host in ("www.example.test", "other.example.test"):
+        await schedule(backend, "pages", [url(host)])
+    await backend.set_limits([rule("*", 2)])
+    await backend.raise_crawl_delays({"www.example.test": 3.0})
+    assert await group_limit(backend, "www.example.test") == limit(2, 3)
+    assert await group_limit(backend, "other.example.test") == limit(2)
+
+    await backend.set_limits([replace(rule("*.example.test", 1, 10), origin="operator")])
+    assert await group_limit(backend, "www.example.test") == limit(1, 10)
+    assert await backend.delete_limit("*.example.test")
+    await backend.set_limits([rule("*", 8)])  # the app, deployed again with more concurrency
+    assert await group_limit(backend, "www.example.test") == limit(8, 3)
+    assert await group_limit(backend, "other.example.test") == limit(8)
+
+    # An exact rule for the host, stored again and again as workers start, keeps the floor.
+    for _ in range(2):
+        await backend.set_limits([rule("www.example.test", 5, 0.5)])
+        assert await group_limit(backend, "www.example.test") == limit(5, 3)
+    await backend.raise_crawl_delays({"www.example.test": 1.0})  # never lowered
+    await backend.raise_crawl_delays({"new.example.test": 2.0})  # a group not seen yet
+    await schedule(backend, "pages", [url("new.example.test")])
+    assert await group_limit(backend, "new.example.test") == limit(8, 2)
+    assert await backend.crawl_delays() == {"new.example.test": 2.0, "www.example.test": 3.0}
+    assert {r.pattern for r in await backend.limits()} == {"*", "www.example.test"}
+
+    # Deleting by the host's name takes its rule and its Crawl-delay away.
+    assert await backend.delete_limit("www.example.test")
+    assert await group_limit(backend, "www.example.test") == limit(8)
+    assert await backend.crawl_delays() == {"new.example.test": 2.0}
+    assert await backend.delete_limit("new.example.test")
+    assert await group_limit(backend, "new.example.test") == limit(8)
+    assert not await backend.delete_limit("new.example.test")
+
+
+def limit(concurrency: int, interval: float = 0.0) -> Limit:
+    return Limit(concurrency=concurrency, interval=interval)
+
+
+async def group_limit(backend: Backend, name: str) -> Limit:
+    (group,) = await backend.group_stats(name, include_idle=True)
+    return group.limit
 
 
 async def test_no_group_means_no_limit(backend: Backend) -> None:

@@ -433,7 +433,6 @@ async def test_rules_stored_before_they_had_an_origin_are_the_apps(
         await backend.set_limits(
             [
                 LimitRule(pattern="*.test", limit=Limit(concurrency=2), origin="operator"),
-                LimitRule(pattern="c.test", limit=Limit(interval=3.0), origin="crawl"),
             ]
         )
         records = {**client.hgetall("{origins}:limits"), **client.hgetall("{origins}:lx")}
@@ -441,9 +440,28 @@ async def test_rules_stored_before_they_had_an_origin_are_the_apps(
         assert {(r.pattern, r.origin) for r in await backend.limits()} == {
             ("*", "app"),
             ("*.test", "operator"),
-            ("c.test", "crawl"),
             ("slow.test", "operator"),
         }
+
+
+async def test_crawl_delay_rules_an_older_crawlq_stored_become_crawl_delays(
+    redis_server: RedisServer,
+) -> None:
+    """An older crawlq kept a Crawl-delay as an exact rule noted "crawl", which outranked every
+    glob. Opened by this one, the namespace holds it as a Crawl-delay instead."""
+    async with in_namespace(redis_server, "delays") as (backend, client):
+        await backend.ensure_queues(QUEUES)
+        await schedule(backend, "pages", [url("c.test", 1)])
+        client.hset("{delays}:lx", "c.test", msgpack.packb(["^c%.test$", 6, 0, 4, 3.0]))
+        client.hset("{delays}:lo", "c.test", "crawl")
+        await backend.set_limits([LimitRule(pattern="*.test", limit=Limit(concurrency=2))])
+        (before,) = await backend.group_stats("c.test")
+        async with in_namespace(redis_server, "delays") as (reopened, _):
+            assert await reopened.crawl_delays() == {"c.test": 3.0}
+            assert {r.pattern for r in await reopened.limits()} == {"*", "*.test"}
+            (after,) = await reopened.group_stats("c.test")
+    assert before.limit == Limit(concurrency=4, interval=3.0)  # the old rule outranked the glob
+    assert after.limit == Limit(concurrency=2, interval=3.0)
 
 
 async def test_opening_without_create_refuses_an_empty_namespace(

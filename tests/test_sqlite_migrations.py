@@ -8,8 +8,9 @@ from pathlib import Path
 
 from crawlq.backends import open_backend
 from crawlq.backends.sqlite.store import MIGRATIONS, SCHEMA_VERSION, _statements
+from crawlq.types import Limit
 
-from .helpers import assert_a_rule_of_old_is_the_apps
+from .helpers import assert_a_rule_of_old_is_the_apps, config, schedule, url
 
 
 def older_database(path: Path, version: int) -> None:
@@ -39,3 +40,28 @@ async def test_rules_stored_before_they_had_an_origin_are_the_apps(tmp_path: Pat
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()
+
+
+async def test_crawl_delay_rules_of_schema_8_become_crawl_delays(tmp_path: Path) -> None:
+    """Schema 8 kept a Crawl-delay as an exact rule of origin 'crawl', which outranked every
+    glob; schema 9 keeps it as a floor under the interval of whatever rule matches."""
+    path = tmp_path / "queue.db"
+    older_database(path, 8)
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO limits VALUES ('c.test', 4, 3.0, 'crawl')")
+        db.execute("INSERT INTO limits VALUES ('*.test', 2, 0.0, 'operator')")
+    db.close()
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    try:
+        assert await backend.crawl_delays() == {"c.test": 3.0}
+        assert {r.pattern: r.origin for r in await backend.limits()} == {
+            "*": "app",
+            "*.test": "operator",
+        }
+        await backend.ensure_queues([config("pages")])
+        await schedule(backend, "pages", [url("c.test", 1)])
+        (group,) = await backend.group_stats("c.test")
+        assert group.limit == Limit(concurrency=2, interval=3.0)
+    finally:
+        await backend.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from .errors import ConfigError
@@ -35,9 +34,9 @@ def check_pattern(pattern: str) -> str:
 
 
 def is_exact(pattern: str) -> bool:
-    """Whether `pattern` matches one name only, itself: a rule for one host, as a crawl sets
-    for each Crawl-delay it reads. Backends keep those by name, so that resolving a group or
-    setting such a rule costs the same with 100,000 of them as with none."""
+    """Whether `pattern` matches one name only, itself: a rule for one host. Backends keep
+    those by name, so that resolving a group or setting such a rule costs the same with
+    100,000 of them as with none."""
     return _WILDCARDS.isdisjoint(pattern)
 
 
@@ -82,14 +81,17 @@ def merged(stored: LimitRule | None, new: LimitRule) -> LimitRule | None:
     """What storing `new` leaves for its pattern, given the rule `stored` there (None: keep
     `stored`). An operator's rule outlasts the app's, which every worker stores again when it
     starts: a host slowed down by hand stays slow until `crawlq limits delete` gives it back
-    to the code. A crawl's rule holds a Crawl-delay, which the app's rule may not undercut."""
+    to the code."""
     if stored is None or new.origin == "operator" or stored.origin == "app":
         return new
-    if new.origin == "crawl":  # raising an operator's rule keeps it the operator's
-        return replace(new, origin=stored.origin)
-    if stored.origin == "operator":
-        return None
-    if new.limit.interval >= stored.limit.interval:
-        return new
-    limit = Limit(concurrency=new.limit.concurrency, interval=stored.limit.interval)
-    return LimitRule(pattern=new.pattern, limit=limit, origin="crawl")
+    return None
+
+
+def at_least(limit: Limit, crawl_delay: float) -> Limit:
+    """`limit` with its interval raised to a host's robots.txt Crawl-delay. A Crawl-delay is
+    a floor under whatever rule gives the group its limit, not a rule of its own: as an exact
+    rule it would outrank every glob, and an operator's later '*.example.com' or the app's
+    new '*' concurrency would never reach the host."""
+    if limit.interval >= crawl_delay:
+        return limit
+    return Limit(concurrency=limit.concurrency, interval=crawl_delay)

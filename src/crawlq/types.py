@@ -159,11 +159,11 @@ class Limit:
             )
 
 
-#: Who set a limit rule: the app's code (`App.limit`, stored each time a worker starts), an
-#: operator at run time (`crawlq limits set`), or a crawl raising a host's interval to its
-#: robots.txt Crawl-delay. See `limits.merged` for what each may replace.
-Origin = Literal["app", "operator", "crawl"]
-ORIGINS: tuple[Origin, ...] = ("app", "operator", "crawl")
+#: Who set a limit rule: the app's code (`App.limit`, stored each time a worker starts) or an
+#: operator at run time (`crawlq limits set`). See `limits.merged` for what each may replace.
+#: (A crawl's robots.txt Crawl-delay is no rule: Backend.raise_crawl_delays.)
+Origin = Literal["app", "operator"]
+ORIGINS: tuple[Origin, ...] = ("app", "operator")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

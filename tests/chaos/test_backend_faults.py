@@ -319,7 +319,7 @@ async def test_a_claim_that_finds_redis_lost_the_limits_gives_its_elements_back(
 async def test_a_worker_stores_its_crawl_delays_and_blocks_again_in_a_redis_that_lost_them(
     tmp_path: Path,
 ) -> None:
-    """A Crawl-delay rule and a 429 pause a worker stored are lost in a crash: every other
+    """A Crawl-delay and a 429 pause a worker stored are lost in a crash: every other
     worker would pace a.test by the plain rule and send to b.test during its pause. The
     worker that heard them stores them again with its next request."""
     server = RedisServer(appendonly=True, appendfsync="always")
@@ -333,17 +333,17 @@ async def test_a_worker_stores_its_crawl_delays_and_blocks_again_in_a_redis_that
         until = backend.now() + 600
         await politeness.block("b.test", until, "429 Retry-After 600")
         server.crash_back_to(fresh)
-        lost = await backend.limits()
+        lost = await backend.crawl_delays()
         web = SyntheticWeb([Site(name="c.test", pages=1)])
         async with web as net, Fetcher(fetch_settings(net)) as fetcher:
             await politeness.fetch(fetcher, net.url("c.test", "/page/0"))
-        rules = {rule.pattern: rule.limit.interval for rule in await backend.limits()}
+        crawl_delays = await backend.crawl_delays()
         (blocked,) = await backend.group_stats("b.test", include_idle=True)
     finally:
         await backend.close()
         server.remove()
-    assert "a.test" not in {rule.pattern for rule in lost}
-    assert rules["a.test"] == 2.0
+    assert lost == {}
+    assert crawl_delays == {"a.test": 2.0}
     assert blocked.blocked_until == pytest.approx(until, abs=0.01)
     assert blocked.block_reason == "429 Retry-After 600"
 

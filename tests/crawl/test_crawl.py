@@ -68,12 +68,14 @@ async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_space
         crawl = Crawl(crawl_settings(net, tmp_path, concurrency_per_domain=3))
         await crawl.run([net.url("a.test")])
         backend = await crawl.app.backend()
-        limits = {rule.pattern: rule.limit for rule in await backend.limits()}
+        crawl_delays = await backend.crawl_delays()
+        (group,) = await backend.group_stats("a.test", include_idle=True)
         await crawl.app.aclose()
     records = records_by_url(tmp_path)
     assert records[net.url("a.test", "/page/3")][0]["error"] == Reason.ROBOTS_DISALLOWED
     assert "/page/3" not in [h.path for h in net.hits]
-    assert limits["a.test"].interval == 1.0
+    assert crawl_delays == {"a.test": 1.0}
+    assert group.limit.interval == 1.0
     pages = net.hits_for("a.test", pages_only=True)
     assert [h.path for h in pages][:1] == ["/page/0"]
     assert len(pages) == 4  # 0, 1, 2 and 4

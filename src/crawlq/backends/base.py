@@ -6,7 +6,7 @@ Times are seconds since the epoch from the backend's clock, so tests can drive i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..types import (
@@ -92,7 +92,16 @@ class Backend(Protocol):
     async def set_limits(self, rules: Sequence[LimitRule]) -> None:
         """Adds or replaces rules; every group's limits follow at once, no restart needed."""
 
-    async def delete_limit(self, pattern: str) -> bool: ...
+    async def delete_limit(self, pattern: str) -> bool:
+        """Removes the rule for `pattern`, and the Crawl-delay of a group so named; whether
+        there was either."""
+
+    async def crawl_delays(self) -> dict[str, float]:
+        """Each group's Crawl-delay (`raise_crawl_delays`), by name."""
+
+    async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
+        """Each named group's interval is at least its delay from now on, whatever rule gives
+        it its limit (a host's robots.txt Crawl-delay). Never lowers one."""
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         """No element of `group` starts before `until`; None lifts the block."""

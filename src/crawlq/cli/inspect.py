@@ -357,26 +357,26 @@ def limits_list(
     backend_url: str | None = None,
     app_spec: str | None = None,
 ) -> None:
-    """The rules, most general first."""
+    """The rules, most general first, then the Crawl-delays crawls read in robots.txt: each a
+    floor under its host's interval, whatever rule gives the host its limit."""
     _, url = _limits_target(ctx, app_spec, backend_url)
 
-    async def main() -> list[LimitRule]:
+    async def main() -> tuple[list[LimitRule], dict[str, float]]:
         async with connected(url) as backend:
-            return await backend.limits()
+            return await backend.limits(), await backend.crawl_delays()
 
-    rules = run(main)
+    rules, crawl_delays = run(main)
     if as_json:
-        echo_json([dataclasses.asdict(r) for r in rules])
+        echo_json({"rules": [dataclasses.asdict(r) for r in rules], "crawl_delays": crawl_delays})
         return
-    click.echo(
-        _table(
-            ["pattern", "concurrency", "interval", "set by"],
-            [
-                [r.pattern, r.limit.concurrency or "unlimited", f"{r.limit.interval:g}s", r.origin]
-                for r in rules
-            ],
-        )
-    )
+    rows: list[list[Any]] = [
+        [r.pattern, r.limit.concurrency or "unlimited", f"{r.limit.interval:g}s", r.origin]
+        for r in rules
+    ]
+    rows += [
+        [name, "by rule", f"at least {s:g}s", "robots.txt"] for name, s in crawl_delays.items()
+    ]
+    click.echo(_table(["pattern", "concurrency", "interval", "set by"], rows))
 
 
 @limits.command("set")
@@ -421,8 +421,10 @@ def limits_set(
 def limits_delete(
     ctx: click.Context, pattern: str, backend_url: str | None, app_spec: str | None
 ) -> None:
-    """Remove the rule for PATTERN. With the app named (--app), its own rule for PATTERN, if
-    it has one, takes the place at once; otherwise when a worker of it next starts."""
+    """Remove the rule for PATTERN, and the robots.txt Crawl-delay of a host so named (a crawl
+    sets it again when it next reads that robots.txt). With the app named (--app), its own
+    rule for PATTERN, if it has one, takes the place at once; otherwise when a worker of it
+    next starts."""
     app, url = _limits_target(ctx, app_spec, backend_url)
     typed = checks.name(pattern, "limit pattern")
     # Rules stored before patterns were spelled as group names (IDNA, no trailing dot) kept
@@ -441,7 +443,7 @@ def limits_delete(
 
     done = run(main)
     if done is None:
-        raise ConfigError(f"no limit rule {spellings[0]!r}")
+        raise ConfigError(f"no limit rule or Crawl-delay {spellings[0]!r}")
     deleted, own = done
     back = f"; the app's rule is back: {_limit_text(own.limit)}" if own else ""
     click.echo(f"deleted {deleted}{back}")

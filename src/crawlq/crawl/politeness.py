@@ -1,6 +1,6 @@
 """Politeness from the server's side, pushed into the queue so no worker ever waits:
 
-- robots.txt Crawl-delay raises the group's interval (a limit rule for that group);
+- robots.txt Crawl-delay raises the group's interval (a floor under its limit rule's);
 - 429 and 503 with Retry-After block the group until then;
 - repeated timeouts, refusals and 5xx back the group off exponentially (a block too).
 
@@ -43,7 +43,6 @@ from ..backends import Backend
 from ..errors import BackendError
 from ..grouping import url_host
 from ..limits import RuleIndex
-from ..types import Limit, LimitRule
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
 from .fetcher import Fetcher, forget_before
 from .response import Response
@@ -203,11 +202,6 @@ def retry_after(value: str | None, now: float) -> float | None:
     if moment.tzinfo is None:  # asctime and "-0000" dates: HTTP dates are all in GMT
         moment = moment.replace(tzinfo=datetime.UTC)
     return min(moment.timestamp(), now + MAX_RETRY_AFTER)
-
-
-def glob_escape(name: str) -> str:
-    """A group name as a limit pattern matching only itself."""
-    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
 
 
 class Politeness:
@@ -444,9 +438,7 @@ class Politeness:
             return
         self._delays[group] = seconds
         self._intervals.pop(group, None)
-        rule = _raised(group, seconds, await self._rules())
-        if rule is not None:
-            await self.backend.set_limits([rule])
+        await self.backend.raise_crawl_delays({group: seconds})
 
     async def block(self, group: str, until: float, reason: str) -> None:
         self._blocked[group] = max(until, self._blocked.get(group, 0.0))
@@ -462,10 +454,8 @@ class Politeness:
         old, self._epoch = self._epoch, self.backend.epoch
         self._limits = None
         try:
-            rules = RuleIndex(await self.backend.limits())
-            raised = [rule for g, s in self._delays.items() if (rule := _raised(g, s, rules))]
-            if raised:
-                await self.backend.set_limits(raised)
+            if self._delays:
+                await self.backend.raise_crawl_delays(self._delays)
             for group in list(self._blocked):
                 until = self.blocked_until(group)
                 if until is not None:
@@ -482,16 +472,6 @@ class Politeness:
         if pause is not None:
             reason = f"backing off {pause:g}s: {count} failures in a row (last: {what})"
             await self.block(group, self.clock() + pause, reason)
-
-
-def _raised(group: str, seconds: float, rules: RuleIndex) -> LimitRule | None:
-    """A rule of its own that raises `group`'s interval to a Crawl-delay of `seconds`, if the
-    rules give it less."""
-    current = rules.resolve(group)
-    if current.interval >= seconds:
-        return None
-    limit = Limit(concurrency=current.concurrency, interval=seconds)
-    return LimitRule(pattern=glob_escape(group), limit=limit, origin="crawl")
 
 
 __all__ = ["Backoff", "Politeness", "Reason", "retry_after"]

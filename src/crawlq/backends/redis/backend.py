@@ -10,7 +10,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -201,6 +201,8 @@ class RedisBackend:
             raise
         self._client = client
         self._lanes = Lanes(client)
+        if not fresh:  # Crawl-delay rules an older crawlq stored become Crawl-delays
+            await self._run("crawl_delays", [True])
 
     async def _load_scripts(self, client: Redis) -> None:
         try:
@@ -522,6 +524,14 @@ class RedisBackend:
 
     async def delete_limit(self, pattern: str) -> bool:
         return bool(await self._run("limits", [pattern]))
+
+    async def crawl_delays(self) -> dict[str, float]:
+        stored = await self._call(lambda: self.client.hgetall(self.prefix + "cd"))
+        return {name.decode(): float(seconds) for name, seconds in sorted(stored.items())}
+
+    async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
+        pairs = [item for name, seconds in delays.items() for item in (name, float(seconds))]
+        await self._run("crawl_delays", [False, *pairs])
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         reason = reason if until is not None and reason else None

@@ -29,6 +29,7 @@ OPERATIONS = (
     "heartbeat",
     "workers",
     "limits",
+    "crawl_delays",
     "block",
     "reserve_send",
     "dead",

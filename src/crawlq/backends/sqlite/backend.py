@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -209,6 +209,12 @@ class SQLiteBackend:
 
     async def delete_limit(self, pattern: str) -> bool:
         return await self._woken(functools.partial(self.engine.set_limits, (), pattern))
+
+    async def crawl_delays(self) -> dict[str, float]:
+        return await self._call(self.engine.crawl_delays)
+
+    async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
+        self._wake.send(await self._call(self.engine.raise_crawl_delays, dict(delays)))
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         self._wake.send(await self._call(self.engine.block_group, group, until, reason))

@@ -8,13 +8,13 @@ running count, start time, limits or block change.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from ...errors import UnknownQueue
 from ...identity import key_hash
-from ...limits import UNLIMITED, is_exact, merged, resolve_indexed
+from ...limits import UNLIMITED, at_least, is_exact, merged, resolve_indexed
 from ...types import (
     NEVER,
     Attempt,
@@ -570,11 +570,15 @@ class Engine:
     def set_limits(
         self, rules: Sequence[LimitRule], delete: str | None = None
     ) -> tuple[bool, list[str]]:
+        """Stores `rules` (limits.merged) and deletes the rule and Crawl-delay named `delete`;
+        (whether there was one to delete, the addresses to wake)."""
         with self.store.transaction():
             now = self.clock()
             deleted = False
             if delete is not None:
                 deleted = self.store.run("limit_delete", {"pattern": delete}).rowcount > 0
+                gone = self.store.run("crawl_delay_delete", {"name": delete}).rowcount > 0
+                deleted = deleted or gone
             for new in rules:
                 stored = _rules_of(self.store.run("limit_get", {"pattern": new.pattern}))
                 rule = merged(next(iter(stored), None), new)
@@ -588,20 +592,36 @@ class Engine:
                             "origin": rule.origin,
                         },
                     )
-            current = _Rules(self.store)
-            changed: set[int] = set()
             patterns = [rule.pattern for rule in rules] + ([delete] if delete else [])
-            for group_id, name, concurrency, interval in self._groups_matching(patterns):
-                limit = current.resolve(name)
-                if (limit.concurrency, limit.interval) != (concurrency, interval):
-                    params = {
-                        "group_id": group_id,
-                        "concurrency": limit.concurrency,
-                        "interval": limit.interval,
-                    }
-                    self.store.run("group_set_limit", params)
-                    changed.add(group_id)
-            return deleted, self._wake_addresses(self._settle(set(), changed, now))
+            return deleted, self._follow_limits(patterns, now)
+
+    def crawl_delays(self) -> dict[str, float]:
+        return dict(self.store.run("crawl_delays_all"))
+
+    def raise_crawl_delays(self, delays: Mapping[str, float]) -> list[str]:
+        """Backend.raise_crawl_delays; the addresses to wake."""
+        with self.store.transaction():
+            now = self.clock()
+            for name, seconds in delays.items():
+                self.store.run("crawl_delay_raise", {"name": name, "seconds": seconds})
+            return self._follow_limits(list(delays), now)
+
+    def _follow_limits(self, patterns: list[str], now: float) -> list[str]:
+        """Brings the limits of the groups `patterns` may match in line with the rules and
+        Crawl-delays stored now; the addresses to wake."""
+        current = _Rules(self.store)
+        changed: set[int] = set()
+        for group_id, name, concurrency, interval in self._groups_matching(patterns):
+            limit = current.resolve(name)
+            if (limit.concurrency, limit.interval) != (concurrency, interval):
+                params = {
+                    "group_id": group_id,
+                    "concurrency": limit.concurrency,
+                    "interval": limit.interval,
+                }
+                self.store.run("group_set_limit", params)
+                changed.add(group_id)
+        return self._wake_addresses(self._settle(set(), changed, now))
 
     def _groups_matching(self, patterns: list[str]) -> list[tuple[int, str, int | None, float]]:
         """The groups (id, name, concurrency, interval) whose limit rules `patterns` may change:
@@ -814,7 +834,8 @@ def _rules_of(rows: Iterable[tuple[str, int | None, float, Origin]]) -> list[Lim
 
 class _Rules:
     """The limit rules one transaction resolves groups with: the glob rules, read once, and
-    each group's own rule, read by name (a crawl may hold one for each of 100,000 hosts)."""
+    each group's own rule and Crawl-delay, read by name (a crawl may hold a Crawl-delay for
+    each of 100,000 hosts)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -823,7 +844,9 @@ class _Rules:
     def resolve(self, group: str) -> Limit:
         if self._globs is None:
             self._globs = _rules_of(self.store.run("limits_globs"))
-        own = None
-        if is_exact(group):
-            own = next(iter(_rules_of(self.store.run("limit_get", {"pattern": group}))), None)
-        return resolve_indexed(group, own, self._globs)
+        if not is_exact(group):
+            return resolve_indexed(group, None, self._globs)
+        own = next(iter(_rules_of(self.store.run("limit_get", {"pattern": group}))), None)
+        limit = resolve_indexed(group, own, self._globs)
+        floor = self.store.value("crawl_delay_get", {"name": group})
+        return limit if floor is None else at_least(limit, floor)

@@ -250,6 +250,20 @@ INSERT INTO limits (pattern, concurrency, interval, origin)
 -- name: limit_delete
 DELETE FROM limits WHERE pattern = :pattern;
 
+-- name: crawl_delays_all
+SELECT name, seconds FROM crawl_delays ORDER BY name;
+
+-- name: crawl_delay_get
+SELECT seconds FROM crawl_delays WHERE name = :name;
+
+-- name: crawl_delay_raise
+INSERT INTO crawl_delays (name, seconds) VALUES (:name, :seconds)
+    ON CONFLICT (name) DO UPDATE SET seconds = excluded.seconds
+    WHERE excluded.seconds > crawl_delays.seconds;
+
+-- name: crawl_delay_delete
+DELETE FROM crawl_delays WHERE name = :name;
+
 -- name: queue_by_name
 SELECT id, group_by, custom_key, seen FROM queues WHERE name = :name;
 

@@ -16,7 +16,9 @@
 --                                                concurrency or false, interval}: the rules
 --                              with a wildcard
 --   P lx                hash   the same for exact rules (`is_exact`), found by group name
---   P lo                hash   glob -> who set its rule, "operator" or "crawl" (none: the app)
+--   P lo                hash   glob -> "operator" if an operator set its rule (none: the app)
+--   P cd                hash   group -> its host's robots.txt Crawl-delay in seconds, a floor
+--                              under the interval its rule gives it (`resolve`)
 --   P busy              zset   groups with queued or running elements, score
 --                              -(running * 2^32 + queued): busiest first, then by name
 --   P g:<g>             hash   c concurrency (absent: unlimited), i interval, q queued,
@@ -427,7 +429,7 @@ end
 
 local limit_rules = nil
 -- Whether a limit pattern matches one name only, itself (limits.is_exact): such rules, one a
--- host with a Crawl-delay, are kept in `lx` and found by name, the globs in `limits` scanned.
+-- host, are kept in `lx` and found by name, the globs in `limits` scanned.
 local function is_exact(pattern)
     return not string.find(pattern, '[%*%?%[]')
 end
@@ -454,8 +456,27 @@ local function resolve(group)
             best = rule
         end
     end
-    if best == nil then return 4, 0 end
-    return best[4], best[5]
+    local concurrency, interval = 4, 0
+    if best then concurrency, interval = best[4], best[5] end
+    local floor = tonumber(redis.call('HGET', P .. 'cd', group))
+    if floor and floor > interval then interval = floor end
+    return concurrency, interval
+end
+
+-- The group's limits follow the rules and Crawl-delays stored now; `gates` notes it if they
+-- changed (its rows then move: `settle`).
+local function follow_limits(group, gates)
+    local concurrency, interval = resolve(group)
+    local current = redis.call('HMGET', gkey(group), 'c', 'i')
+    if tonumber(current[1]) ~= (concurrency or nil) or tonumber(current[2]) ~= interval then
+        if concurrency then
+            redis.call('HSET', gkey(group), 'c', concurrency, 'i', fmt(interval))
+        else
+            redis.call('HDEL', gkey(group), 'c')
+            redis.call('HSET', gkey(group), 'i', fmt(interval))
+        end
+        gates[group] = true
+    end
 end
 
 -- A group is known once it has a number (`group_id` then finds it in this call's cache).
