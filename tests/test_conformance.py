@@ -429,6 +429,17 @@ async def test_a_crawl_delay_is_a_floor_under_whatever_rule_gives_the_group_its_
     assert await backend.crawl_delays() == {"new.example.test": 2.0, "www.example.test": 3.0}
     assert {r.pattern for r in await backend.limits()} == {"*", "www.example.test"}
 
+    # A host whose name holds a wildcard character is a group like any other.
+    await schedule(backend, "pages", [url("a*b.example.test")])
+    await backend.raise_crawl_delays({"a*b.example.test": 5.0})
+    assert await group_limit(backend, "a[*]b.example.test") == limit(8, 5)
+    assert await backend.delete_limit("a*b.example.test")
+    assert await group_limit(backend, "a[*]b.example.test") == limit(8)
+    # Elements without a group are never limited, and a delay is a number of seconds.
+    for bad in ({"": 5.0}, {"x.test": -1.0}, {"x.test": float("nan")}):
+        with pytest.raises(ValueError):
+            await backend.raise_crawl_delays(bad)
+
     # Deleting by the host's name takes its rule and its Crawl-delay away.
     assert await backend.delete_limit("www.example.test")
     assert await group_limit(backend, "www.example.test") == limit(8)

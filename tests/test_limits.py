@@ -73,3 +73,17 @@ async def test_a_crawler_reads_the_rules_once_for_every_task_that_asks_meanwhile
         await backend.close()
     assert reads == 1  # as at a crawl's start, when every task asks at once
     assert intervals == [0.0] * 50 + [2.0]
+
+
+async def test_a_worker_paces_by_the_crawl_delay_another_worker_read(tmp_path: Path) -> None:
+    """A worker meeting a host after another process read its robots.txt paces even its own
+    robots.txt request by the Crawl-delay, before it has read robots.txt itself."""
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    try:
+        first, second = Politeness(backend), Politeness(backend)
+        await first.crawl_delay("slow.test", 10.0)
+        intervals = [await second.interval("slow.test"), await second.interval("fast.test")]
+    finally:
+        await backend.close()
+    assert intervals == [10.0, 0.0]

@@ -454,10 +454,13 @@ async def test_crawl_delay_rules_an_older_crawlq_stored_become_crawl_delays(
         await schedule(backend, "pages", [url("c.test", 1)])
         client.hset("{delays}:lx", "c.test", msgpack.packb(["^c%.test$", 6, 0, 4, 3.0]))
         client.hset("{delays}:lo", "c.test", "crawl")
+        escaped = msgpack.packb([lua_pattern("a[*]b.test"), 8, -2, 4, 5.0])  # glob_escape'd
+        client.hset("{delays}:limits", "a[*]b.test", escaped)
+        client.hset("{delays}:lo", "a[*]b.test", "crawl")
         await backend.set_limits([LimitRule(pattern="*.test", limit=Limit(concurrency=2))])
         (before,) = await backend.group_stats("c.test")
         async with in_namespace(redis_server, "delays") as (reopened, _):
-            assert await reopened.crawl_delays() == {"c.test": 3.0}
+            assert await reopened.crawl_delays() == {"a*b.test": 5.0, "c.test": 3.0}
             assert {r.pattern for r in await reopened.limits()} == {"*", "*.test"}
             (after,) = await reopened.group_stats("c.test")
     assert before.limit == Limit(concurrency=4, interval=3.0)  # the old rule outranked the glob

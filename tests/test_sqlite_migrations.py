@@ -49,19 +49,23 @@ async def test_crawl_delay_rules_of_schema_8_become_crawl_delays(tmp_path: Path)
     older_database(path, 8)
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO limits VALUES ('c.test', 4, 3.0, 'crawl')")
+        db.execute("INSERT INTO limits VALUES ('a[*]b.test', 4, 5.0, 'crawl')")  # glob_escape'd
         db.execute("INSERT INTO limits VALUES ('*.test', 2, 0.0, 'operator')")
+        db.execute("INSERT INTO groups (name, concurrency, interval) VALUES ('c.test', 4, 3.0)")
     db.close()
     backend = open_backend(f"sqlite:///{path}")
     await backend.open()
     try:
-        assert await backend.crawl_delays() == {"c.test": 3.0}
+        assert await backend.crawl_delays() == {"a*b.test": 5.0, "c.test": 3.0}
+        (stored,) = await backend.group_stats("c.test", include_idle=True)
+        assert stored.limit == Limit(concurrency=2, interval=3.0)  # resolved again at once
         assert {r.pattern: r.origin for r in await backend.limits()} == {
             "*": "app",
             "*.test": "operator",
         }
         await backend.ensure_queues([config("pages")])
-        await schedule(backend, "pages", [url("c.test", 1)])
-        (group,) = await backend.group_stats("c.test")
-        assert group.limit == Limit(concurrency=2, interval=3.0)
+        await schedule(backend, "pages", [url("a*b.test", 1)])
+        (group,) = await backend.group_stats("a[*]b.test")
+        assert group.limit == Limit(concurrency=2, interval=5.0)
     finally:
         await backend.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
 from .errors import ConfigError
@@ -95,3 +95,13 @@ def at_least(limit: Limit, crawl_delay: float) -> Limit:
     if limit.interval >= crawl_delay:
         return limit
     return Limit(concurrency=limit.concurrency, interval=crawl_delay)
+
+
+def checked_crawl_delays(delays: Mapping[str, float]) -> dict[str, float]:
+    """`delays` as backends store them (Backend.raise_crawl_delays); ValueError for the group
+    of elements without one ('', never limited) or a delay that is no interval."""
+    for name, seconds in delays.items():
+        if not name:
+            raise ValueError("a Crawl-delay needs a group: elements without one are never limited")
+        Limit(interval=seconds)
+    return {name: float(seconds) for name, seconds in delays.items()}

@@ -220,7 +220,8 @@ class Politeness:
         self._blocked: dict[str, float] = {}
         self._block_reasons: dict[str, str] = {}
         self._failures: dict[str, int] = {}
-        self._delays: dict[str, float] = {}
+        self._delays: dict[str, float] = {}  # the Crawl-delays this worker read
+        self._stored_delays: dict[str, float] = {}  # everyone's, as last read with the rules
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
@@ -234,12 +235,18 @@ class Politeness:
         self._tidied = clock()
 
     async def interval(self, group: str) -> float:
-        """The group's interval: its limit rule (read again every LIMITS_TTL seconds), or the
-        Crawl-delay this worker set, whichever is longer."""
+        """The group's interval: its limit rule, or its Crawl-delay (any worker's, read again
+        with the rules every LIMITS_TTL seconds, or this worker's), whichever is longer. A
+        worker meeting a host after another read its robots.txt paces even its own robots.txt
+        request by the Crawl-delay."""
         rules = await self._rules()
         interval = self._intervals.get(group)
         if interval is None:
-            interval = max(rules.resolve(group).interval, self._delays.get(group, 0.0))
+            interval = max(
+                rules.resolve(group).interval,
+                self._stored_delays.get(group, 0.0),
+                self._delays.get(group, 0.0),
+            )
             self._intervals[group] = interval
         return interval
 
@@ -255,7 +262,11 @@ class Politeness:
 
     async def _read_rules(self) -> RuleIndex:
         try:
-            self._limits = RuleIndex(await self.backend.limits())
+            rules, self._stored_delays = (
+                await self.backend.limits(),
+                await self.backend.crawl_delays(),
+            )
+            self._limits = RuleIndex(rules)
             self._limits_read = time.monotonic()
             self._intervals.clear()
             return self._limits

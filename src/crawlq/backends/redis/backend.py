@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 from ... import checks
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
-from ...limits import DEFAULT_LIMIT, specificity
+from ...limits import DEFAULT_LIMIT, checked_crawl_delays, specificity
 from ...observe.logs import redact
 from ...types import (
     ORIGINS,
@@ -530,7 +530,8 @@ class RedisBackend:
         return {name.decode(): float(seconds) for name, seconds in sorted(stored.items())}
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
-        pairs = [item for name, seconds in delays.items() for item in (name, float(seconds))]
+        checked = checked_crawl_delays(delays)
+        pairs = [item for name, seconds in checked.items() for item in (name, seconds)]
         await self._run("crawl_delays", [False, *pairs])
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:

@@ -15,6 +15,7 @@ from typing import ParamSpec, TypeVar
 
 from ...errors import BackendError, ConfigError
 from ...groupcommit import GroupCommit
+from ...limits import checked_crawl_delays
 from ...types import (
     Claimed,
     ClaimResult,
@@ -214,7 +215,8 @@ class SQLiteBackend:
         return await self._call(self.engine.crawl_delays)
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
-        self._wake.send(await self._call(self.engine.raise_crawl_delays, dict(delays)))
+        checked = checked_crawl_delays(delays)
+        self._wake.send(await self._call(self.engine.raise_crawl_delays, checked))
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         self._wake.send(await self._call(self.engine.block_group, group, until, reason))

@@ -44,6 +44,9 @@ DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 NO_GROUP_ID = 0
 #: A worker is gone when it missed this many seconds of heartbeats.
 WORKER_TTL = 120.0
+#: The schema that moved Crawl-delays out of the rules: a database migrated from before it has
+#: its groups' stored limits resolved again.
+MIGRATED_DELAYS = 9
 
 Pair = tuple[int, int]
 
@@ -106,6 +109,9 @@ class Engine:
         self._groups: dict[str, int] = {}
         self._group_names: dict[int, str] = {}
         self._forget_groups()
+        if store.migrated_from is not None and store.migrated_from < MIGRATED_DELAYS:
+            with store.transaction():
+                self._follow_limits(list(self.crawl_delays()), clock())
 
     # -- names to ids ---------------------------------------------------------------------
 
@@ -844,9 +850,9 @@ class _Rules:
     def resolve(self, group: str) -> Limit:
         if self._globs is None:
             self._globs = _rules_of(self.store.run("limits_globs"))
-        if not is_exact(group):
-            return resolve_indexed(group, None, self._globs)
-        own = next(iter(_rules_of(self.store.run("limit_get", {"pattern": group}))), None)
+        own = None
+        if is_exact(group):
+            own = next(iter(_rules_of(self.store.run("limit_get", {"pattern": group}))), None)
         limit = resolve_indexed(group, own, self._globs)
         floor = self.store.value("crawl_delay_get", {"name": group})
         return limit if floor is None else at_least(limit, floor)

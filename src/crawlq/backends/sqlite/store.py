@@ -97,6 +97,8 @@ class Store:
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
+        #: The schema version this process migrated the database from (None: it did not).
+        self.migrated_from: int | None = None
         self._check_file(create)
         self._write_lock = WriteLock(path)
         try:
@@ -163,6 +165,7 @@ class Store:
                 )
             if version == 0:
                 self._refuse_foreign()  # another process may have written it meanwhile
+            self.migrated_from = version or None
             for number, script in MIGRATIONS:
                 if number > version:
                     for statement in _statements(script):

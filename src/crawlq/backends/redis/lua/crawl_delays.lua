@@ -1,8 +1,8 @@
 -- crawl_delays: raises groups' Crawl-delays (P cd), floors under the intervals their rules
 -- give them; the limits of those groups follow at once. Never lowers one.
 -- ARGV[3]: msgpack {adopt, group, seconds, group, seconds, ...}; with adopt true, the
---   Crawl-delay rules an older crawlq stored (exact rules noted "crawl" in P lo, which
---   outranked every glob) become Crawl-delays first.
+--   Crawl-delay rules an older crawlq stored (each its group's name as a pattern, noted
+--   "crawl" in P lo, which outranked every glob) become Crawl-delays first.
 local args = cmsgpack.unpack(ARGV[3])
 local raised = {}
 local function raise(group, seconds)
@@ -16,12 +16,15 @@ if args[1] then
     local origins = redis.call('HGETALL', P .. 'lo')
     for i = 1, #origins, 2 do
         local glob = origins[i]
-        if origins[i + 1] == 'crawl' and is_exact(glob) then
-            local rule = redis.call('HGET', P .. 'lx', glob)
-            redis.call('HDEL', P .. 'lx', glob)
+        if origins[i + 1] == 'crawl' then
+            -- Its group's name, with the wildcard characters bracketed (glob_escape) if any.
+            local group = string.gsub(glob, '%[([%*%?%[])%]', '%1')
+            local hash = P .. (is_exact(glob) and 'lx' or 'limits')
+            local rule = redis.call('HGET', hash, glob)
+            redis.call('HDEL', hash, glob)
             redis.call('HDEL', P .. 'lo', glob)
-            if rule then raise(glob, cmsgpack.unpack(rule)[5]) end
-            raised[glob] = true
+            if rule then raise(group, cmsgpack.unpack(rule)[5]) end
+            raised[group] = true
         end
     end
 end

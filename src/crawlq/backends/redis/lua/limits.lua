@@ -26,7 +26,7 @@ if args[1] then
     end
     redis.call('HDEL', P .. 'lo', args[1])
     if redis.call('HDEL', P .. 'cd', args[1]) == 1 then
-        changed(args[1])
+        names[args[1]] = true  -- the group of that very name, whatever its characters
         deleted = 1
     end
 end
