@@ -467,6 +467,63 @@ async def test_crawl_delay_rules_an_older_crawlq_stored_become_crawl_delays(
     assert after.limit == Limit(concurrency=2, interval=3.0)
 
 
+async def test_a_group_left_with_nothing_is_forgotten_once_its_interval_and_block_are_past(
+    redis_server: RedisServer,
+) -> None:
+    """A broad crawl meets millions of hosts, most of them once: what Redis keeps of a host's
+    group (its hash, number and send reservation, ~280 bytes) goes once nothing of it needs
+    keeping, and the group comes back resolved afresh with work."""
+    clock = ManualClock()
+    backend = open_backend(f"{redis_server.url}?namespace=retired", clock=clock)
+    await backend.open()
+    client: Any = redis.Redis.from_url(redis_server.url)
+
+    def kept() -> set[str]:
+        return {name.decode() for name in client.hvals("{retired}:gn")}
+
+    async def run_one(host: str) -> None:  # in a queue of its own: only `host` is claimed
+        await schedule(backend, "logins", [url(host)])
+        await backend.ack(await claim(backend, "logins"))
+
+    try:
+        await backend.ensure_queues([config("pages"), config("logins")])
+        slow = LimitRule(pattern="slow.test", limit=Limit(concurrency=1, interval=10))
+        await backend.set_limits([slow])
+        await schedule(
+            backend, "pages", [url(h) for h in ("fast.test", "slow.test", "paused.test")]
+        )
+        running = await claim(backend)
+        await backend.reserve_send_slot("slow.test", 10.0, 0.0)
+        await backend.block_group("paused.test", clock() + 60, "429 Retry-After 60")
+        await backend.ack(running)
+        assert kept() == {"slow.test", "paused.test"}  # fast.test had nothing left to keep
+        assert client.hexists("{retired}:sent", "slow.test")
+
+        clock.advance(10.5)  # slow.test's interval is past, not its send reservation's margin
+        await run_one("other.test")
+        assert kept() == {"slow.test", "paused.test"}
+        clock.advance(1)
+        await run_one("other.test")
+        assert kept() == {"paused.test"}
+        assert not client.hexists("{retired}:sent", "slow.test")
+        assert await backend.group_stats("slow.test", include_idle=True) == []
+
+        await schedule(backend, "pages", [url("paused.test", 2)])  # work again, still paused
+        clock.advance(60)
+        await run_one("other.test")
+        assert kept() == {"paused.test"}  # it has work: kept
+        await run_one("slow.test")  # back, with its rule
+        (group,) = await backend.group_stats("slow.test", include_idle=True)
+        assert group.limit == slow.limit
+        assert kept() == {"paused.test", "slow.test"}
+        await backend.ack(await claim(backend))
+        assert kept() == {"slow.test"}  # paused.test's block is past: retired as it emptied
+        assert await backend.check() == []
+    finally:
+        client.close()
+        await backend.close()
+
+
 async def test_opening_without_create_refuses_an_empty_namespace(
     redis_server: RedisServer,
 ) -> None:

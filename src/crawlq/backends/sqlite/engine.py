@@ -47,6 +47,8 @@ WORKER_TTL = 120.0
 #: The schema that moved Crawl-delays out of the rules: a database migrated from before it has
 #: its groups' stored limits resolved again.
 MIGRATED_DELAYS = 9
+#: Group ids and names a process keeps at most: a crawl meets millions of hosts, most once.
+GROUP_CACHE_SIZE = 50_000
 
 Pair = tuple[int, int]
 
@@ -134,6 +136,8 @@ class Engine:
                     "group_insert",
                     {"name": name, "concurrency": limit.concurrency, "interval": limit.interval},
                 )
+            if len(self._groups) >= GROUP_CACHE_SIZE:
+                self._forget_groups()
             self._groups[name] = group_id
             self._group_names[group_id] = name
         return int(group_id)
@@ -145,6 +149,8 @@ class Engine:
     def _group_name(self, group_id: int) -> str:
         name = self._group_names.get(group_id)
         if name is None:
+            if len(self._group_names) >= GROUP_CACHE_SIZE:
+                self._forget_groups()
             name = self._group_names[group_id] = self.store.value(
                 "group_name", {"group_id": group_id}
             )

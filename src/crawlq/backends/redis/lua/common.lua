@@ -26,6 +26,8 @@
 --                              w how many queues have its row waiting (in their fw)
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
 --   P sent              hash   group -> the time reserved for its latest request (reserve_send)
+--   P idle              zset   groups left with nothing queued or running, by when nothing of
+--                              them needs keeping (`retire`)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake:<q>          pubsub channel: something became claimable in queue <q>, or due sooner
@@ -58,6 +60,11 @@
 -- Per call, set by `begin`: the key prefix and the time of the call.
 local P, NOW
 local NEVER = 1e300
+-- Seconds a group's send reservation is kept beyond its interval once the group is idle: a
+-- request is paced a gap (the interval and a few ms) after the latest reservation.
+local SEND_KEPT = 1
+-- Idle groups a settle call retires at most (`retire_due`).
+local RETIRE_EACH = 16
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
 -- compactly (`encode`): GROUP as the group's number, KEY without the group's name where it holds
@@ -361,6 +368,34 @@ local function last_start(group, stored)
     return tonumber(stored)
 end
 
+-- Groups whose counts fell to nothing this call: `flush` retires them.
+local emptied
+
+-- A group left with nothing queued or running is forgotten (its hash, number and send
+-- reservation) once nothing of it needs keeping: its block and its interval since its last
+-- start or send are past. Until then it waits in P idle (`retire_due`). A crawl meets millions
+-- of hosts once each: kept, each cost Redis ~280 bytes for good. Rules and Crawl-delays stay:
+-- the group is resolved again if work for it comes back.
+local function retire(group)
+    local key = gkey(group)
+    local g = redis.call('HMGET', key, 'id', 'q', 'r', 'w', 'i', 'ls', 'bu')
+    if not g[1] or (tonumber(g[2]) or 0) + (tonumber(g[3]) or 0) + (tonumber(g[4]) or 0) > 0 then
+        return
+    end
+    local interval = tonumber(g[5]) or 0
+    local sent = tonumber(redis.call('HGET', P .. 'sent', group))
+    local free_at = math.max((tonumber(g[6]) or 0) + interval, tonumber(g[7]) or 0,
+                             sent and sent + interval + SEND_KEPT or 0)
+    if free_at > NOW then
+        redis.call('ZADD', P .. 'idle', fmt(free_at), group)
+        return
+    end
+    redis.call('DEL', key)
+    redis.call('HDEL', P .. 'gn', g[1])
+    if sent then redis.call('HDEL', P .. 'sent', group) end
+    group_ids[group], group_names[tonumber(g[1])] = nil, nil
+end
+
 local function flush()
     for key, fields in pairs(deltas) do
         local known = counted[key]
@@ -387,11 +422,13 @@ local function flush()
                     redis.call('ZADD', busy, -(running * 4294967296 + queued), group)
                 else
                     redis.call('ZREM', busy, group)
+                    emptied[group] = true
                 end
             else  -- the score moves by the deltas: no need to read the counts back
                 local delta = (fields.r or 0) * 4294967296 + (fields.q or 0)
                 if delta ~= 0 and tonumber(redis.call('ZINCRBY', busy, -delta, group)) == 0 then
                     redis.call('ZREM', busy, group)
+                    emptied[group] = true
                 end
             end
         end
@@ -406,6 +443,17 @@ local function flush()
     for worker, members in pairs(held_removals) do apply_chunked('SREM', P .. 'w:' .. worker, members) end
     for worker, members in pairs(held_adds) do apply_chunked('SADD', P .. 'w:' .. worker, members) end
     held_adds, held_removals = {}, {}
+    for group, _ in pairs(emptied) do retire(group) end
+    emptied = {}
+end
+
+-- Up to `most` of the groups `retire` noted for later whose time has come: retired now.
+local function retire_due(most)
+    local idle = P .. 'idle'
+    for _, group in ipairs(redis.call('ZRANGE', idle, '-inf', fmt_now(), 'BYSCORE', 'LIMIT', 0, most)) do
+        redis.call('ZREM', idle, group)
+        retire(group)
+    end
 end
 
 local queue_names = nil
@@ -835,7 +883,7 @@ local function begin(ARGV)
         NOW = tonumber(t[1]) + tonumber(t[2]) / 1e6
     end
     GROUP_PREFIX = P .. 'g:'
-    group_ids, group_names, bucket_states, woken = {[''] = 0}, {[0] = ''}, {}, {}
+    group_ids, group_names, bucket_states, woken, emptied = {[''] = 0}, {[0] = ''}, {}, {}, {}
     queue_prefixes, now_text, started_now = {}, nil, {}
     deltas, counted, lease_adds, lease_removals, held_adds, held_removals = {}, {}, {}, {}, {}, {}
     queue_names, queue_configs, limit_rules, dead_queues = nil, {}, nil, {}

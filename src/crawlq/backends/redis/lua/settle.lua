@@ -37,5 +37,6 @@ for i = 2, #args do
 end
 settle(touched, gates, true)
 flush()
+retire_due(RETIRE_EACH)
 wake()
 return 1
