@@ -10,6 +10,7 @@ from crawlq.types import (
     JSON,
     Claimed,
     GroupBy,
+    Leases,
     Limit,
     LimitRule,
     Mode,
@@ -57,7 +58,10 @@ async def schedule(
 
 
 async def claim(
-    backend: Backend, queues: str | Sequence[str] = "pages", limit: int = 100, lease: float = 3600
+    backend: Backend,
+    queues: str | Sequence[str] = "pages",
+    limit: int = 100,
+    lease: Leases = 3600,
 ) -> list[Claimed]:
     names = [queues] if isinstance(queues, str) else list(queues)
     result = await backend.claim(names, worker="test-worker", limit=limit, lease=lease)

@@ -346,3 +346,29 @@ async def test_damaged_or_foreign_databases_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match="no crawlq database"):
         await missing.open()
     assert not (tmp_path / "missing.db").exists()
+
+
+async def test_a_worker_leases_each_element_for_its_own_tasks_lease(app: App) -> None:
+    """A crash makes a short task's element wait its own lease, not the longest of the
+    worker's tasks'."""
+    leased: dict[str, float] = {}
+
+    async def note(ctx: Context) -> None:
+        info = await (await ctx.app.backend()).element(ctx.queue, ctx.key)
+        assert info is not None and info.lease_until is not None
+        leased[ctx.queue] = info.lease_until - ctx.claimed_at
+
+    @app.task(group=None, lease=5)
+    async def quick(ctx: Context, n: int) -> None:
+        await note(ctx)
+
+    @app.task(group=None, lease=900)
+    async def slow(ctx: Context, n: int) -> None:
+        await note(ctx)
+
+    await app.aschedule(quick, 1)
+    await app.aschedule(slow, 1)
+    stats = await run_burst(app)
+    await app.aclose()
+    assert stats.done == 2
+    assert leased == pytest.approx({"quick": 5.0, "slow": 900.0})

@@ -709,6 +709,34 @@ async def test_heartbeats_keep_a_lease(backend: Backend, clock: ManualClock) -> 
     assert live.heartbeat == clock()
 
 
+async def test_each_element_is_leased_for_its_own_queues_lease(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A worker running tasks of different leases: after a crash, a short task's element runs
+    again once its own lease ran out, not the longest of the worker's tasks'."""
+    from crawlq.types import WorkerInfo
+
+    queues = ("jobs", "pages")
+    worker = WorkerInfo(id="w", host="h", pid=1, queues=queues, started=clock(), heartbeat=0)
+    await backend.register_worker(worker)
+    await schedule(backend, "jobs", ["short"])
+    await schedule(backend, "pages", [url("a.test", 1)])
+    leases = {"jobs": 10.0, "pages": 100.0}
+    taken = await claim(backend, queues, lease=leases)
+    assert {c.queue: c.lease_until - c.claimed_at for c in taken} == pytest.approx(leases)
+    clock.advance(8)
+    await backend.heartbeat(worker, taken, leases)  # the last: the worker is gone
+    clock.advance(10.5)
+    (again,) = await claim(backend, queues, lease=leases)
+    assert (again.queue, again.attempt) == ("jobs", 2)
+    await backend.ack([again])
+    clock.advance(88)  # 106.5 s after the claim: the page's lease was renewed until 108
+    assert await claim(backend, queues, lease=leases) == []
+    clock.advance(2)
+    (page,) = await claim(backend, queues, lease=leases)
+    assert (page.queue, page.attempt) == ("pages", 2)
+
+
 async def test_a_claim_leasing_for_no_time_and_a_block_of_no_group_leave_the_store_sound(
     backend: Backend, clock: ManualClock
 ) -> None:

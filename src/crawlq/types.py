@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal, Union
@@ -12,6 +13,18 @@ JSON = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]  # no
 
 #: Stands for "never" in due times and gates: a float that sorts after every real time.
 NEVER = 1e300
+
+#: How long a claim or a heartbeat leases elements: seconds, or seconds by queue (a worker of
+#: tasks with different leases leases each element for its own task's).
+Leases = Union[float, Mapping[str, float]]  # noqa: UP007
+
+
+def lease_of(leases: Leases, queue: str) -> float:
+    return leases[queue] if isinstance(leases, Mapping) else leases
+
+
+def longest_lease(leases: Leases) -> float:
+    return max(leases.values(), default=0.0) if isinstance(leases, Mapping) else leases
 
 
 class Mode(Enum):

@@ -16,6 +16,7 @@ from ..types import (
     ElementInfo,
     Failure,
     GroupStats,
+    Leases,
     LimitRule,
     QueueConfig,
     QueueStats,
@@ -56,9 +57,10 @@ class Backend(Protocol):
         for each 5,000: a Lua function holds the whole server while it runs)."""
 
     async def claim(
-        self, queues: Sequence[str], *, worker: str, limit: int, lease: float
+        self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
-        """Leases up to `limit` claimable elements: due, group slot free, interval passed."""
+        """Leases up to `limit` claimable elements: due, group slot free, interval passed;
+        each for `lease` seconds, or for its queue's in `lease`."""
 
     async def ack(self, elements: Sequence[Claimed]) -> None: ...
 
@@ -77,7 +79,7 @@ class Backend(Protocol):
         """Returns unfinished elements to their queue at once, the attempt not counted."""
 
     async def heartbeat(
-        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
+        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         """Extends the leases of `elements` and records that `worker` is alive."""
 

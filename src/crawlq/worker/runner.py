@@ -96,7 +96,10 @@ class Worker:
         self.burst = burst
         self.burst_horizon = burst_horizon
         self.grace = grace
-        self.lease = max(task.options.lease for task in self.tasks.values())
+        #: Each queue's lease, its task's: a crash makes a short task's element wait its own
+        #: lease before it runs again, not the longest of the worker's tasks'.
+        self.leases = {queue: task.options.lease for queue, task in self.tasks.items()}
+        self.lease = max(self.leases.values())
         self.id = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stats = WorkerStats()
         self._stop = asyncio.Event()
@@ -214,7 +217,7 @@ class Worker:
                 asked = time.perf_counter()
                 sent = asyncio.get_running_loop().time()
                 result = await backend.claim(
-                    self.queues, worker=self.id, limit=want, lease=self.lease
+                    self.queues, worker=self.id, limit=want, lease=self.leases
                 )
                 self._metrics.claim_seconds.observe(time.perf_counter() - asked)
                 if backend.epoch != epoch and await self._gave_back(backend, result, restarts):
@@ -231,7 +234,7 @@ class Worker:
                 continue
             outage_pause = 0.1
             for claimed in result.elements:
-                self._start(backend, claimed, sent + self.lease)
+                self._start(backend, claimed, sent + self.leases[claimed.queue])
             self._arm_watchdog()
             if len(result.elements) == want:
                 continue
@@ -539,7 +542,7 @@ class Worker:
         return [], [], [*failures, *failed]
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
-        interval = max(0.05, self.lease / 3)
+        interval = max(0.05, min(self.leases.values()) / 3)
         loop = asyncio.get_running_loop()
         registered = backend.epoch
         while True:
@@ -559,13 +562,13 @@ class Worker:
             ]
             sent = loop.time()
             try:
-                await backend.heartbeat(info, pending, self.lease)
+                await backend.heartbeat(info, pending, self.leases)
             except Exception:
                 log.exception("heartbeat of worker %s failed; retrying", self.id)
                 continue
             for task in running:
                 if task in self._deadlines:
-                    self._deadlines[task] = sent + self.lease
+                    self._deadlines[task] = sent + self.leases[self._inflight[task].queue]
             self._arm_watchdog()
 
     async def _drain(self, backend: Backend) -> None:

@@ -36,6 +36,7 @@ from ...types import (
     Failure,
     GroupBy,
     GroupStats,
+    Leases,
     Limit,
     LimitRule,
     Mode,
@@ -45,6 +46,7 @@ from ...types import (
     Schedule,
     ScheduleResult,
     WorkerInfo,
+    lease_of,
 )
 from ...wakeup import Listener
 from ..batch import merge
@@ -378,14 +380,15 @@ class RedisBackend:
         )
 
     async def claim(
-        self, queues: Sequence[str], *, worker: str, limit: int, lease: float
+        self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
         token = os.urandom(8)
         limit = min(limit, CALL_ITEMS)
+        sent = {q: lease[q] for q in queues} if isinstance(lease, Mapping) else lease
         raw = await self._run(
             "claim",
-            [worker, limit, lease, token, False, *queues],
-            again=[worker, limit, lease, token, True, *queues],
+            [worker, limit, sent, token, False, *queues],
+            again=[worker, limit, sent, token, True, *queues],
         )
         next_at, now, *rows = _unpacked(raw)
         elements = [
@@ -399,7 +402,7 @@ class RedisBackend:
                 due=float(due),
                 attempt=attempt,
                 claimed_at=now,
-                lease_until=now + lease,
+                lease_until=now + lease_of(lease, queue),
             )
             for queue, key, payload, group, priority, due, attempt, ref in rows
         ]
@@ -447,12 +450,13 @@ class RedisBackend:
             await self._settle("release", [Failure(element=e, error="") for e in elements])
 
     async def heartbeat(
-        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
+        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         items = [
             [e.queue, e.key, e.ref, e.attempt, _digests(e.key)[0], e.claimed_at] for e in elements
         ]
-        if not await self._run("heartbeat", [worker.id, lease, *items]):
+        sent = dict(lease) if isinstance(lease, Mapping) else lease
+        if not await self._run("heartbeat", [worker.id, sent, *items]):
             await self.register_worker(worker)  # pruned while its heartbeats stalled
 
     # -- workers ------------------------------------------------------------------------------

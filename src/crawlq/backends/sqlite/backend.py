@@ -23,6 +23,7 @@ from ...types import (
     ElementInfo,
     Failure,
     GroupStats,
+    Leases,
     LimitRule,
     QueueConfig,
     QueueStats,
@@ -166,7 +167,7 @@ class SQLiteBackend:
         return error
 
     async def claim(
-        self, queues: Sequence[str], *, worker: str, limit: int, lease: float
+        self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
         return await self._woken(functools.partial(self.engine.claim, queues, worker, limit, lease))
 
@@ -189,7 +190,7 @@ class SQLiteBackend:
             self._wake.send(await self._call(self.engine.release, elements))
 
     async def heartbeat(
-        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float
+        self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         await self._call(self.engine.heartbeat, worker, elements, lease)
 

@@ -25,6 +25,7 @@ from ...types import (
     Failure,
     GroupBy,
     GroupStats,
+    Leases,
     Limit,
     LimitRule,
     Mode,
@@ -34,6 +35,7 @@ from ...types import (
     Schedule,
     ScheduleResult,
     WorkerInfo,
+    lease_of,
 )
 from ..batch import merge
 from ..views import dead_element, live_element
@@ -306,7 +308,7 @@ class Engine:
     # -- claim -----------------------------------------------------------------------------
 
     def claim(
-        self, queues: Sequence[str], worker: str, limit: int, lease: float
+        self, queues: Sequence[str], worker: str, limit: int, lease: Leases
     ) -> tuple[ClaimResult, list[str]]:
         store = self.store
         claimed: list[Claimed] = []
@@ -320,7 +322,7 @@ class Engine:
                 for group_id in promoted:
                     self._refresh_pair((queue_id, group_id), now)
                 store.run("promote_frontier", params)
-            lease_until = now + lease
+            ends = {name: now + lease_of(lease, name) for name, _ in known}
             while len(claimed) < limit:
                 best: tuple[int, float, int, int, str] | None = None
                 for name, queue_id in known:
@@ -333,7 +335,7 @@ class Engine:
                 if best is None:
                     break
                 _, _, head, group_id, name = best
-                claimed.append(self._take(name, head, group_id, worker, now, lease_until))
+                claimed.append(self._take(name, head, group_id, worker, now, ends[name]))
             next_at = None if len(claimed) >= limit else self._next_at([q for _, q in known], now)
             wake = self._wake_addresses(opened)
         return ClaimResult(elements=claimed, next_at=next_at), wake
@@ -505,10 +507,9 @@ class Engine:
         with self.store.transaction():
             return self._wake_addresses(self._each_leased(elements, returned, running_only=True))
 
-    def heartbeat(self, worker: WorkerInfo, elements: Sequence[Claimed], lease: float) -> None:
+    def heartbeat(self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases) -> None:
         with self.store.transaction():
             now = self.clock()
-            until = now + lease
             self.store.many(
                 "extend_lease",
                 [
@@ -516,7 +517,7 @@ class Engine:
                         "id": e.ref,
                         "attempt": e.attempt,
                         "claimed_at": e.claimed_at,
-                        "lease_until": until,
+                        "lease_until": now + lease_of(lease, e.queue),
                     }
                     for e in elements
                 ],

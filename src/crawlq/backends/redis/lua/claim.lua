@@ -1,6 +1,7 @@
 -- claim: leases up to `limit` claimable elements of the given queues (SPEC 3.3, 3.4).
--- ARGV[3]: msgpack {worker, limit, lease, token, again, queues...}: `token` names this claim,
---   `again` is true when the caller sends it again (its reply was lost with its connection).
+-- ARGV[3]: msgpack {worker, limit, lease, token, again, queues...}: `lease` is seconds, or a
+--   map of seconds by queue; `token` names this claim, `again` is true when the caller sends
+--   it again (its reply was lost with its connection).
 -- Returns msgpack {next_at or false, now, {queue, key, payload, group, priority, due, attempt,
 -- id}...}
 -- Keys beside the common ones: {ns}:claimed:<worker>, a string: the token and reply of the
@@ -99,10 +100,17 @@ local function still_open(group, g)
 end
 
 local result = {false, NOW}
-local lease_until, lease_score = NOW + lease, fmt(NOW + lease)
+-- Each queue's lease end, as a number and as stored.
+local lease_ends, longest = {}, 0
+for _, queue in ipairs(queues) do
+    local seconds = type(lease) == 'table' and lease[queue] or lease
+    lease_ends[queue] = {NOW + seconds, fmt(NOW + seconds)}
+    if seconds > longest then longest = seconds end
+end
 
 local function take(queue, group, field)
     local rec = load(queue, field)
+    local lease_until, lease_score = lease_ends[queue][1], lease_ends[queue][2]
     rec[STATE], rec[ATTEMPTS], rec[LEASE], rec[WORKER] = RUNNING, rec[ATTEMPTS] + 1, lease_until, worker
     local history = rec[HISTORY] or {}
     if #history >= HISTORY_SIZE then table.remove(history, 1) end
@@ -223,6 +231,6 @@ wake()
 local reply = cmsgpack.pack(result)
 if #result > 2 then
     -- At least 1 ms: PX 0 is an error, and it would come after every write of the claim.
-    redis.call('SET', last_claim, token .. reply, 'PX', math.max(1, math.ceil(math.min(lease, 60) * 1000)))
+    redis.call('SET', last_claim, token .. reply, 'PX', math.max(1, math.ceil(math.min(longest, 60) * 1000)))
 end
 return reply
