@@ -297,6 +297,24 @@ async def test_requests_of_a_group_are_reserved_a_gap_apart_for_every_worker(
     assert await backend.reserve_send("slow.test", 0.5) == pytest.approx(2.5)
 
 
+async def test_a_send_time_further_than_the_caller_waits_is_not_reserved(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A request that would wait more than it may is put back until its time. Had it kept its
+    reservation, its next try, at that time, would find it and wait a gap more, and so on:
+    a host with a Crawl-delay over the wait allowed was never fetched past robots.txt."""
+    assert await backend.reserve_send("slow.test", 3.0) == 0  # robots.txt
+    at, wait, kept = await backend.reserve_send_slot("slow.test", 3.0, max_wait=2.0)
+    assert (at, wait, kept) == (pytest.approx(clock() + 3.0), pytest.approx(3.0), False)
+    clock.advance(3.0)  # the page, put back until then, is claimed again
+    assert await backend.reserve_send_slot("slow.test", 3.0, max_wait=2.0) == (
+        pytest.approx(clock()),
+        0,
+        False,
+    )
+    assert await backend.reserve_send("slow.test", 3.0) == pytest.approx(3.0)  # kept that one
+
+
 async def test_unblocking_makes_a_group_claimable_at_once(
     backend: Backend, clock: ManualClock
 ) -> None:

@@ -17,7 +17,7 @@ from crawlq.app import App
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher
-from crawlq.crawl.politeness import Backoff
+from crawlq.crawl.politeness import MAX_PACING_WAIT, Backoff
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import Timeouts
@@ -100,6 +100,23 @@ async def test_crawl_delay_spaces_the_requests_of_seeds_claimed_before_robots_tx
     assert [h.path for h in hits][:1] == ["/robots.txt"] and len(hits) == 5
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(hits)]
     assert min(gaps) > 0.25, gaps  # arrivals: a busy server notes one a few ms late
+
+
+async def test_a_crawl_delay_longer_than_a_request_may_wait_still_lets_every_page_through(
+    tmp_path: Path,
+) -> None:
+    """A page whose request would wait more than MAX_PACING_WAIT is put back until its time.
+    It left its send reservation behind, so each try found it and was put back a Crawl-delay
+    later again: a host asking for more than 2 s was never fetched past robots.txt."""
+    delay = MAX_PACING_WAIT + 0.5
+    robots = f"User-agent: *\nCrawl-delay: {delay}\n"
+    async with SyntheticWeb([Site(name="a.test", pages=2, robots=robots)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test")])
+    hits = net.hits_for("a.test")
+    assert [h.path for h in hits] == ["/robots.txt", "/page/0", "/page/1"]
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(hits)]
+    assert min(gaps) > delay - 0.05, gaps  # arrivals: a busy server notes one a few ms late
 
 
 async def test_a_link_robots_txt_refuses_when_found_takes_no_turn_of_its_hosts_interval(

@@ -116,7 +116,13 @@ class Backend(Protocol):
         variable few milliseconds after their claims."""
 
     async def reserve_send_slot(
-        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+        self,
+        group: str,
+        gap: float,
+        earliest: float = 0.0,
+        *,
+        replacing: float | None = None,
+        max_wait: float | None = None,
     ) -> tuple[float, float, bool]:
         """`reserve_send`, returning (the reserved time by the backend's clock, seconds from
         now to it, whether `replacing` was kept). With `replacing`, a time this method
@@ -124,7 +130,11 @@ class Backend(Protocol):
         kept and moves to `earliest` seconds from now (never earlier), and its request may
         go from its old time on, since nobody has reserved after it; otherwise a new time is
         reserved as without it. A request about to be sent late on its reservation, when
-        another may have been reserved one gap after it, asks this instead of sending."""
+        another may have been reserved one gap after it, asks this instead of sending.
+
+        With `max_wait`, a new time more than `max_wait` seconds away is returned but not
+        reserved: its request is put back until then, and a reservation it left behind would
+        push the next one a gap further, again and again."""
 
     async def queue_stats(self, queues: Sequence[str] | None = None) -> list[QueueStats]: ...
 

@@ -109,7 +109,9 @@ class Slot:
     answer: float = 0.0  # seconds the last reservation took, there and back
     sent: bool = False  # confirmed once: another request on it (a redirect, a retry) needs its own
 
-    async def reserve(self, earliest: float, replacing: float | None = None) -> tuple[float, bool]:
+    async def reserve(
+        self, earliest: float, replacing: float | None = None, max_wait: float | None = None
+    ) -> tuple[float, bool]:
         """Reserves (or, with `replacing`, takes over) a time; returns the wait for it and
         whether `replacing` was kept.
 
@@ -119,7 +121,7 @@ class Slot:
         clock = self.politeness.clock
         asked = clock()
         self.at, wait, kept = await self.politeness.backend.reserve_send_slot(
-            self.group, self.gap, earliest, replacing=replacing
+            self.group, self.gap, earliest, replacing=replacing, max_wait=max_wait
         )
         answered = clock()
         self.answer = answered - asked
@@ -292,7 +294,9 @@ class Politeness:
             tolerance=min(SEND_TOLERANCE, margin / 2),
             fetcher=fetcher,
         )
-        wait, _ = await slot.reserve(self.earliest(slot))
+        # Not reserved if further away than MAX_PACING_WAIT: the page is put back until then,
+        # and a slot it left behind would put back the next try a gap later, forever.
+        wait, _ = await slot.reserve(self.earliest(slot), max_wait=MAX_PACING_WAIT)
         if wait > MAX_PACING_WAIT:
             raise Throttled(url, self.clock() + wait, f"group {group} interval {interval:g}s")
         await self.sleep_until(slot.due)

@@ -546,10 +546,17 @@ class RedisBackend:
         return (await self.reserve_send_slot(group, gap, earliest))[1]
 
     async def reserve_send_slot(
-        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+        self,
+        group: str,
+        gap: float,
+        earliest: float = 0.0,
+        *,
+        replacing: float | None = None,
+        max_wait: float | None = None,
     ) -> tuple[float, float, bool]:
         mine = False if replacing is None else replacing
-        at, wait, kept = await self._run("reserve_send", [group, gap, earliest, mine])
+        most = False if max_wait is None else max_wait
+        at, wait, kept = await self._run("reserve_send", [group, gap, earliest, mine, most])
         return float(at), float(wait), bool(int(kept))
 
     # -- introspection ------------------------------------------------------------------------

@@ -226,10 +226,16 @@ class SQLiteBackend:
         return (await self.reserve_send_slot(group, gap, earliest))[1]
 
     async def reserve_send_slot(
-        self, group: str, gap: float, earliest: float = 0.0, *, replacing: float | None = None
+        self,
+        group: str,
+        gap: float,
+        earliest: float = 0.0,
+        *,
+        replacing: float | None = None,
+        max_wait: float | None = None,
     ) -> tuple[float, float, bool]:
         slot: tuple[float, float, bool] = await self._call(
-            self.engine.reserve_send, group, gap, earliest, replacing
+            self.engine.reserve_send, group, gap, earliest, replacing, max_wait
         )
         return slot
 

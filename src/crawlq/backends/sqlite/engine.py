@@ -663,7 +663,12 @@ class Engine:
             return self._wake_addresses(self._settle(set(), {group_id}, now))
 
     def reserve_send(
-        self, group: str, gap: float, earliest: float, replacing: float | None = None
+        self,
+        group: str,
+        gap: float,
+        earliest: float,
+        replacing: float | None = None,
+        max_wait: float | None = None,
     ) -> tuple[float, float, bool]:
         """(the reserved time, seconds from now to it, whether `replacing` was kept):
         Backend.reserve_send_slot."""
@@ -674,6 +679,11 @@ class Engine:
                 params = {"name": group, "mine": replacing, "earliest": now + earliest}
                 reserved = self.store.value("send_replace", params)
             kept = reserved is not None
+            if reserved is None and max_wait is not None:
+                previous = self.store.value("send_at", {"name": group})
+                at = now + earliest if previous is None else max(now + earliest, previous + gap)
+                if at - now > max_wait:
+                    return at, at - now, False
             if reserved is None:
                 params = {"name": group, "earliest": now + earliest, "gap": gap}
                 reserved = self.store.value("send_reserve", params)

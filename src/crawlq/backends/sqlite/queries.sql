@@ -223,6 +223,9 @@ INSERT INTO send_times (name, at) VALUES (:name, :earliest)
     ON CONFLICT (name) DO UPDATE SET at = max(:earliest, at + :gap)
     RETURNING at;
 
+-- name: send_at
+SELECT at FROM send_times WHERE name = :name;
+
 -- name: send_replace
 UPDATE send_times SET at = max(at, :earliest) WHERE name = :name AND at = :mine RETURNING at;
 

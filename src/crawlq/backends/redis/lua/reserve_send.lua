@@ -1,11 +1,13 @@
 -- reserve_send: the time of a group's next request, ARGV[3] msgpack {group, gap, earliest,
--- replacing}: at least gap seconds after the group's previous reservation and earliest
--- seconds from now. With replacing (a time returned before, else false) still the group's
--- latest reservation, it is kept and moves to earliest seconds from now (never earlier): the
--- request that held it, late, may go at once, nobody counting from it yet. Returns {the reserved time, the seconds from now
--- to it} as strings, and 1 if replacing was kept, else 0.
+-- replacing, max_wait}: at least gap seconds after the group's previous reservation and
+-- earliest seconds from now. With replacing (a time returned before, else false) still the
+-- group's latest reservation, it is kept and moves to earliest seconds from now (never
+-- earlier): the request that held it, late, may go at once, nobody counting from it yet.
+-- A new time more than max_wait (or false) seconds away is returned but not reserved.
+-- Returns {the reserved time, the seconds from now to it} as strings, and 1 if replacing was
+-- kept, else 0.
 local args = cmsgpack.unpack(ARGV[3])
-local group, gap, earliest, replacing = args[1], args[2], args[3], args[4]
+local group, gap, earliest, replacing, max_wait = args[1], args[2], args[3], args[4], args[5]
 local previous = tonumber(redis.call('HGET', P .. 'sent', group))
 local at
 local kept = replacing and previous == replacing
@@ -17,5 +19,7 @@ else
         at = previous + gap
     end
 end
-redis.call('HSET', P .. 'sent', group, fmt(at))
+if kept or not max_wait or at - NOW <= max_wait then
+    redis.call('HSET', P .. 'sent', group, fmt(at))
+end
 return {fmt(at), fmt(at - NOW), kept and 1 or 0}
