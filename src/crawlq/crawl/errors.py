@@ -39,6 +39,8 @@ class Reason(StrEnum):
     LOGIN_FAILED = "login_failed"
     NETWORK = "network_error"
     BLOCKED = "blocked_address"  # the SSRF guard refused the address (guard.py)
+    BROWSER_UNAVAILABLE = "browser_unavailable"  # no Chromium, or Playwright could not start it
+    BROWSER_FAILED = "browser_failed"  # Chromium crashed or broke off while rendering
 
 
 #: Worth another attempt later: the cause is on the network or the server, and passes.
@@ -53,6 +55,7 @@ TRANSIENT = frozenset(
         Reason.SERVER_ERROR,
         Reason.LOGIN_FAILED,
         Reason.NETWORK,
+        Reason.BROWSER_FAILED,
     }
 )
 

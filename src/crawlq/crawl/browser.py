@@ -1,0 +1,563 @@
+"""Optional browser fetching: pages rendered by a headless Chromium, driven by Playwright,
+with every request the page makes sent by crawlq's own fetcher.
+
+One Chromium per worker process (the shared resource `crawlq.browser`), launched on first use
+and closed with the worker; at most `BrowserSettings.pages` pages render at once, each in a
+fresh browser context. The page's document is fetched first, as any page is (robots.txt,
+redirects, its group's turn, WARC storage), and rendered only if it is HTML with a 2xx status:
+Chromium is served that response, so the document is requested once.
+
+Chromium never sends a request itself. Each request of the page (scripts, stylesheets, XHR
+and fetch(), frames, further navigations) is intercepted (`page.route`) and fetched by crawlq,
+with politeness, as `ctx.fetch` fetches: scope, the SSRF guard, robots.txt, the group's
+interval, Retry-After pauses, backoff, proxies, cookies and the size cap apply to each, and
+each counts against its own host's group, as a redirect's later hops do. A render sends one
+request at a time to a host: to the page's own host within the slot its task holds, to any
+other host one at a time for the whole worker. What is not http(s), WebSockets and event
+streams, and images, media and fonts unless `media` allows them, are aborted. As a second
+wall, Chromium runs with a proxy that leads nowhere and a resolver that resolves nothing:
+a request the interception missed fails rather than leaves.
+
+Failures are data: no Chromium -> FetchError(BROWSER_UNAVAILABLE); Chromium crashed or
+broke off -> FetchError(BROWSER_FAILED), retried, with a new Chromium; a render slower than
+`timeout` -> FetchError(TIMEOUT). A request crawlq refused or could not fetch is aborted (the
+page goes on without it, as a browser does) and listed in `Rendered.resources`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError, CrawlqError
+from ..grouping import url_host
+from .errors import FetchError, Reason
+from .response import Response
+from .urls import canonicalize
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser as Chromium
+    from playwright.async_api import Playwright, Route, WebSocketRoute
+
+    from .fetcher import Fetcher
+    from .politeness import Politeness
+
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+#: The environment variable the command line reads the Chromium path from.
+CHROMIUM_ENV = "CRAWLQ_CHROMIUM"
+#: Playwright's resource types aborted unless `BrowserSettings.media` allows them.
+MEDIA = frozenset({"image", "media", "font"})
+#: Requests a whole response cannot answer: aborted.
+STREAMS = frozenset({"websocket", "eventsource"})
+#: Headers of Chromium's requests the fetcher sets itself (its user agent, its compression,
+#: its session's cookies) or that belong to one connection.
+_OWN_HEADERS = frozenset(
+    {
+        "user-agent",
+        "accept-encoding",
+        "cookie",
+        "host",
+        "connection",
+        "keep-alive",
+        "content-length",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+    }
+)
+#: Headers of a response not passed to Chromium: the body it gets is decoded and whole.
+_SPENT_HEADERS = frozenset(
+    {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
+)
+#: Chromium's launch: a proxy that leads nowhere (port 9, discard, on a reserved address)
+#: for every host, loopback included, and a resolver that finds no name.
+_NOWHERE = "http://0.0.0.0:9"
+_LAUNCH_ARGS = (
+    "--proxy-bypass-list=<-loopback>",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-domain-reliability",
+    "--no-pings",
+)
+#: Why crawlq refused a request, rather than failed to fetch it (Chromium sees the abort as
+#: "blocked by client" rather than as a network failure).
+_REFUSALS = frozenset(
+    {Reason.OUT_OF_SCOPE, Reason.ROBOTS_DISALLOWED, Reason.BLOCKED, Reason.THROTTLED}
+)
+
+WaitUntil = Literal["load", "domcontentloaded", "networkidle"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BrowserSettings:
+    """`executable`: the Chromium to run (Debian's by default; Playwright never downloads
+    one). `pages`: pages a worker process renders at once. `timeout`: seconds a render may
+    take, from its first request to the rendered DOM. `wait_until`: when a page is rendered:
+    at its `load` event, or (`networkidle`, the default) once no request has been in flight
+    for half a second after it, or `timeout` after the start, whichever comes first.
+    `media`: let images, media and fonts be fetched too. `resource_domains`: hosts (with
+    their sub-domains) a crawl's pages may load resources from although its scope does not
+    allow them as pages, such as a CDN. `max_requests`: requests of one render beyond this
+    many are aborted."""
+
+    executable: str = DEFAULT_CHROMIUM
+    pages: int = 4
+    timeout: float = 30.0
+    wait_until: WaitUntil = "networkidle"
+    media: bool = False
+    resource_domains: tuple[str, ...] = ()
+    max_requests: int = 500
+
+    def __post_init__(self) -> None:
+        if self.pages < 1:
+            raise ConfigError(f"browser pages must be at least 1, got {self.pages}")
+        if not self.timeout > 0:
+            raise ConfigError(f"render timeout must be positive, got {self.timeout}")
+        if self.wait_until not in ("load", "domcontentloaded", "networkidle"):
+            raise ConfigError("wait_until must be load, domcontentloaded or networkidle")
+        if self.max_requests < 1:
+            raise ConfigError(f"max_requests must be at least 1, got {self.max_requests}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resource:
+    """One request the page made: crawlq's answer's `status`, or the `error` (a Reason
+    value, or "skipped": not fetched by choice) it was aborted with."""
+
+    url: str
+    kind: str  # Playwright's resource type: document, script, stylesheet, fetch, xhr...
+    method: str = "GET"
+    status: int | None = None
+    error: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rendered:
+    """A page as a browser shows it. `response` is its document as fetched (redirects in its
+    history; what WARC stores). `html` is the DOM once rendered (`page.content()`), None if
+    the document was not rendered (not HTML, or not 2xx). `url` is where the page ended up
+    (a script may have navigated on). `resources`: every request the page made, in order."""
+
+    response: Response
+    html: str | None
+    url: str
+    resources: tuple[Resource, ...] = ()
+
+    @property
+    def refused(self) -> tuple[Resource, ...]:
+        """The requests aborted rather than answered."""
+        return tuple(r for r in self.resources if r.error is not None)
+
+
+#: Fetches one request of a page for the browser: (url, method, headers, body) -> answer.
+ResourceFetch = Callable[[str, str, Mapping[str, str], bytes | None], Awaitable[Response]]
+
+
+def polite_fetch(
+    politeness: Politeness,
+    fetcher: Fetcher,
+    *,
+    scope: Callable[[str], Any] | None = None,
+    robots: bool | None = None,
+) -> ResourceFetch:
+    """The requests of a page fetched as `Politeness.fetch` fetches a page, each counting
+    against its own host's group (the group a redirect's later hop counts against)."""
+
+    async def fetch(
+        url: str, method: str, headers: Mapping[str, str], data: bytes | None
+    ) -> Response:
+        return await politeness.fetch(
+            fetcher, url, scope=scope, method=method, headers=headers, data=data, robots=robots
+        )
+
+    return fetch
+
+
+def renderable(response: Response) -> bool:
+    return response.is_html and 200 <= response.status < 300
+
+
+def require_playwright(what: str = "browser rendering") -> None:
+    """ConfigError naming the extra to install if Playwright is missing."""
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{what} needs Playwright: pip install 'crawlq[browser]' (it drives the system's"
+            f" Chromium, {DEFAULT_CHROMIUM} by default, and never downloads one)"
+        ) from None
+
+
+class Browser:
+    """One headless Chromium for a worker: launched on first `render`, launched again after
+    a crash, closed by `aclose` (the worker closes it as a shared resource). Use as an async
+    context manager, or close with `aclose()`."""
+
+    def __init__(self, settings: BrowserSettings | None = None) -> None:
+        require_playwright()
+        self.settings = settings or BrowserSettings()
+        self._playwright: Playwright | None = None
+        self._chromium: Chromium | None = None
+        self._starting = asyncio.Lock()
+        self._pages = asyncio.Semaphore(self.settings.pages)
+        #: host -> the lock its requests from every render of this worker take in turn
+        self._hosts: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.launches = 0
+
+    async def __aenter__(self) -> Browser:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        async with self._starting:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        from playwright.async_api import Error
+
+        chromium, self._chromium = self._chromium, None
+        playwright, self._playwright = self._playwright, None
+        if chromium is not None:
+            with contextlib.suppress(Error):  # already gone
+                await chromium.close()
+        if playwright is not None:
+            await playwright.stop()
+
+    async def _launched(self, url: str) -> Chromium:
+        """This worker's Chromium, launched if it is not running (or no longer)."""
+        from playwright.async_api import Error, async_playwright
+
+        async with self._starting:
+            if self._chromium is not None and self._chromium.is_connected():
+                return self._chromium
+            await self._shutdown()
+            path = self.settings.executable
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                raise FetchError(
+                    Reason.BROWSER_UNAVAILABLE,
+                    url,
+                    f"no Chromium at {path}: install one (scripts/install-chromium.sh) or"
+                    f" give its path ({CHROMIUM_ENV}, --chromium, BrowserSettings.executable)",
+                )
+            try:
+                self._playwright = await async_playwright().start()
+                self._chromium = await self._playwright.chromium.launch(
+                    executable_path=path,
+                    headless=True,
+                    proxy={"server": _NOWHERE},
+                    args=list(_LAUNCH_ARGS),
+                    timeout=self.settings.timeout * 1000,
+                )
+            except Error as exc:
+                await self._shutdown()
+                raise FetchError(
+                    Reason.BROWSER_UNAVAILABLE, url, f"Chromium {path} did not start: {_line(exc)}"
+                ) from exc
+            self.launches += 1
+            return self._chromium
+
+    def host_lock(self, host: str) -> asyncio.Lock:
+        lock = self._hosts.get(host)
+        if lock is None:
+            lock = self._hosts[host] = asyncio.Lock()
+        return lock
+
+    async def render(
+        self,
+        document: Response,
+        fetch: ResourceFetch,
+        *,
+        wait_for: str | None = None,
+        user_agent: str | None = None,
+    ) -> Rendered:
+        """Renders `document` (fetched already), fetching every request of the page with
+        `fetch`; once `wait_until` says the page is ready, and `wait_for` (a CSS selector)
+        matches if given. A document that is not HTML or not 2xx is returned unrendered."""
+        if not renderable(document):
+            return Rendered(response=document, html=None, url=document.url)
+        from playwright.async_api import Error
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        timeout = self.settings.timeout
+        async with self._pages:
+            deadline = time.monotonic() + timeout
+            chromium = await self._launched(document.url)
+            job = _Render(self, document, fetch)
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self._render(chromium, job, deadline, wait_for, user_agent)
+            except (TimeoutError, PlaywrightTimeout) as exc:
+                why = str(exc) if isinstance(exc, TimeoutError) and str(exc) else ""
+                raise FetchError(
+                    Reason.TIMEOUT,
+                    document.url,
+                    f"not rendered within {timeout:g}s{f': {why}' if why else ''}",
+                    responses=document.chain,
+                ) from exc
+            except Error as exc:
+                if not chromium.is_connected() or job.crashed:
+                    await self._forget(chromium)
+                raise FetchError(
+                    Reason.BROWSER_FAILED, document.url, _line(exc), responses=document.chain
+                ) from exc
+
+    async def _forget(self, chromium: Chromium) -> None:
+        """Drops a Chromium that crashed or broke off: the next render launches another."""
+        async with self._starting:
+            if self._chromium is chromium:
+                await self._shutdown()
+
+    async def _render(
+        self,
+        chromium: Chromium,
+        job: _Render,
+        deadline: float,
+        wait_for: str | None,
+        user_agent: str | None,
+    ) -> Rendered:
+        from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+        def left() -> float:
+            return max(1.0, (deadline - time.monotonic()) * 1000)
+
+        context = await chromium.new_context(
+            service_workers="block", accept_downloads=False, user_agent=user_agent
+        )
+        try:
+            page = await context.new_page()
+            page.on("crash", lambda _: job.crash())
+            await page.route("**/*", job.route)
+            await page.route_web_socket("**/*", _refuse_web_socket)
+            wait_until = self.settings.wait_until
+            first: WaitUntil = "load" if wait_until == "networkidle" else wait_until
+            await page.goto(job.document.url, wait_until=first, timeout=left())
+            if wait_until == "networkidle":
+                # A page that keeps polling is rendered as it is at the deadline.
+                with contextlib.suppress(PlaywrightTimeout):
+                    await page.wait_for_load_state("networkidle", timeout=left())
+            if wait_for is not None:
+                try:
+                    await page.wait_for_selector(wait_for, state="attached", timeout=left())
+                except PlaywrightTimeout as exc:
+                    raise TimeoutError(f"nothing matched {wait_for!r}") from exc
+            html = await page.content()
+            return Rendered(
+                response=job.document, html=html, url=page.url, resources=tuple(job.resources)
+            )
+        finally:
+            await job.stop()
+            await context.close()
+
+
+class _Render:
+    """The requests of one render: each fetched by crawlq, in a task of its own that the end
+    of the render cancels (a request never goes out for a page given up on)."""
+
+    def __init__(self, browser: Browser, document: Response, fetch: ResourceFetch) -> None:
+        self.browser = browser
+        self.document = document
+        self.fetch = fetch
+        self.host = _host(document.url)
+        self.resources: list[Resource] = []
+        self.crashed = False
+        self._served = False  # the document was handed to Chromium
+        self._stopped = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._own: dict[str, asyncio.Lock] = {}  # the page's own host: this render's turns
+        self._redirected: dict[str, Response] = {}  # where a redirect led, not yet asked for
+
+    def crash(self) -> None:
+        self.crashed = True
+
+    async def route(self, route: Route) -> None:
+        # A fresh context: nothing of whatever task Playwright dispatches from (a send slot
+        # the fetcher keeps in a ContextVar) leaks into the request.
+        task = asyncio.create_task(
+            self._answer(route), name="crawlq-browser-request", context=contextvars.Context()
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.wait([task])
+
+    async def stop(self) -> None:
+        self._stopped = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def _answer(self, route: Route) -> None:
+        request = route.request
+        url, kind, method = request.url, request.resource_type, request.method
+        try:
+            if not self._served and request.is_navigation_request():
+                self._served = True
+                response = self.document
+            else:
+                self._check(url, kind)
+                headers = await request.all_headers()
+                response = await self._fetched(url, method, headers, request.post_data_buffer)
+        except _Skipped as exc:
+            self._note(url, kind, method, error="skipped", detail=str(exc))
+            await _abort(route, "blockedbyclient")
+        except FetchError as exc:
+            self._note(url, kind, method, error=exc.reason.value, detail=exc.detail or None)
+            await _abort(route, "blockedbyclient" if exc.reason in _REFUSALS else "failed")
+        else:
+            self._note(url, kind, method, status=response.status)
+            await _fulfill(route, response)
+
+    def _note(
+        self,
+        url: str,
+        kind: str,
+        method: str,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self.resources.append(
+            Resource(url=url, kind=kind, method=method, status=status, error=error, detail=detail)
+        )
+
+    def _check(self, url: str, kind: str) -> None:
+        """_Skipped if the request is not to be fetched at all."""
+        settings = self.browser.settings
+        if self._stopped:
+            raise _Skipped("the render is over")
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise _Skipped("not http(s)")
+        if kind in STREAMS:
+            raise _Skipped(f"{kind}: a stream")
+        if kind in MEDIA and not settings.media:
+            raise _Skipped(f"{kind}: media are not fetched (BrowserSettings.media)")
+        if len(self.resources) >= settings.max_requests:
+            raise _Skipped(f"over {settings.max_requests} requests")
+
+    async def _fetched(
+        self,
+        url: str,
+        method: str,
+        headers: Mapping[str, str],
+        data: bytes | None,
+    ) -> Response:
+        """crawlq's answer to one request: fetched, one at a time per host; a redirect's end
+        handed over when Chromium follows the redirect crawlq answered it with."""
+        key = canonicalize(url) or url
+        if method == "GET":
+            ahead = self._redirected.pop(key, None)
+            if ahead is not None:
+                return ahead
+        host = _host(url)
+        lock = self._own.setdefault(host, asyncio.Lock()) if host == self.host else None
+        async with lock or self.browser.host_lock(host):
+            sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+            response = await self.fetch(url, method, sent, data)
+        if not response.history:
+            return response
+        # crawlq followed the redirects: Chromium is told where they led (so the page, its
+        # scripts and their relative URLs see the right address) and gets the end from here.
+        end = _without_history(response)
+        self._redirected[canonicalize(end.url) or end.url] = end
+        first = response.history[0]
+        return Response(
+            url=url,
+            status=302,
+            reason="Found",
+            http_version=first.http_version,
+            headers=(("Location", end.url),),
+            raw=b"",
+            body=b"",
+            fetched_at=first.fetched_at,
+            elapsed=first.elapsed,
+        )
+
+
+class _Skipped(Exception):
+    """A request of the page not fetched by choice."""
+
+
+async def _fulfill(route: Route, response: Response) -> None:
+    from playwright.async_api import Error
+
+    headers: dict[str, str] = {}
+    for name, value in response.headers:
+        lower = name.lower()
+        if lower in _SPENT_HEADERS:
+            continue
+        if lower in headers:  # Playwright takes repeated headers as lines of one value
+            headers[lower] += ("\n" if lower == "set-cookie" else ", ") + value
+        else:
+            headers[lower] = value
+    with contextlib.suppress(Error):  # the page was closed meanwhile
+        await route.fulfill(status=response.status, headers=headers, body=response.body)
+
+
+async def _abort(route: Route, code: str) -> None:
+    from playwright.async_api import Error
+
+    with contextlib.suppress(Error):
+        await route.abort(code)
+
+
+def _refuse_web_socket(socket: WebSocketRoute) -> Awaitable[None]:
+    """A WebSocket is never connected (crawlq's fetcher speaks HTTP only): closed at once."""
+    return socket.close(code=1008, reason="crawlq fetches no WebSockets")
+
+
+def _without_history(response: Response) -> Response:
+    return Response(
+        url=response.url,
+        status=response.status,
+        reason=response.reason,
+        http_version=response.http_version,
+        headers=response.headers,
+        raw=response.raw,
+        body=response.body,
+        fetched_at=response.fetched_at,
+        elapsed=response.elapsed,
+    )
+
+
+def _host(url: str) -> str:
+    try:
+        return url_host(url)
+    except CrawlqError:
+        return (urlsplit(url).hostname or "").lower()
+
+
+def _line(exc: BaseException, limit: int = 300) -> str:
+    """Playwright's messages span lines (a call log follows): the first line, capped."""
+    text = str(exc).strip() or type(exc).__name__
+    line = text.splitlines()[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+__all__ = [
+    "DEFAULT_CHROMIUM",
+    "Browser",
+    "BrowserSettings",
+    "Rendered",
+    "Resource",
+    "ResourceFetch",
+    "polite_fetch",
+    "renderable",
+    "require_playwright",
+]
