@@ -1,12 +1,13 @@
 """What a running task sees: its element, its attempt, a way to schedule follow-up work, and
-the worker's shared fetcher (`ctx.fetch(url)`: robots.txt, Retry-After and backoff applied)."""
+the worker's shared fetcher (`ctx.fetch(url)`: robots.txt, Retry-After and backoff applied)
+and headless browser (`ctx.render(url)`: every request of the page fetched the same way)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .types import JSON, Claimed, Schedule, ScheduleResult
@@ -14,12 +15,14 @@ from .types import JSON, Claimed, Schedule, ScheduleResult
 if TYPE_CHECKING:
     from .app import App, Target
     from .backends import Backend
+    from .crawl.browser import Browser, Rendered
     from .crawl.fetcher import Fetcher
     from .crawl.politeness import Politeness
     from .crawl.response import Response
 
 FETCHER = "crawlq.fetcher"
 POLITENESS = "crawlq.politeness"
+BROWSER = "crawlq.browser"
 
 
 class Context:
@@ -110,6 +113,42 @@ class Context:
         group = self.group if url == element_url(self.element) else None
         return await self.politeness.fetch(self.fetcher, url, group=group, **options)
 
+    @property
+    def browser(self) -> Browser:
+        """The worker's headless Chromium: `app.provide("crawlq.browser", ...)` configures it
+        (a `crawlq.crawl.browser.Browser`); needs Playwright (the `browser` extra)."""
+        browser: Browser = self.app.shared(BROWSER, _default_browser)
+        return browser
+
+    async def render(
+        self,
+        url: str,
+        *,
+        wait_for: str | None = None,
+        scope: Callable[[str], Any] | None = None,
+        **options: Any,
+    ) -> Rendered:
+        """`fetch`es `url`, then, if it is HTML with a 2xx status, renders it in the worker's
+        headless Chromium: every request the page makes (scripts, XHR, stylesheets) is
+        fetched by the same fetcher with the same politeness, each counting against its own
+        host's group, and `scope` (a hop check raising FetchError) applies to each. Waits
+        for the browser setting's `wait_until`, then for `wait_for` (a CSS selector) if
+        given. `Rendered.html` is the rendered DOM; the document's own response is
+        `Rendered.response`. Raises FetchError as `fetch` does, and for the browser itself
+        (BROWSER_UNAVAILABLE, BROWSER_FAILED, TIMEOUT)."""
+        from .crawl.browser import polite_fetch
+
+        response = await self.fetch(url, scope=scope, **options)
+        resources = polite_fetch(
+            self.politeness, self.fetcher, scope=scope, robots=options.get("robots")
+        )
+        return await self.browser.render(
+            response,
+            resources,
+            wait_for=wait_for,
+            user_agent=self.fetcher.settings.user_agent,
+        )
+
 
 class SyncContext:
     """The same context for sync tasks running in the worker's thread pool."""
@@ -156,6 +195,11 @@ class SyncContext:
         coro = self._ctx.fetch(url, **options)
         return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()
 
+    def render(self, url: str, **options: Any) -> Rendered:
+        """`Context.render` for sync tasks: blocks this thread, not the worker's loop."""
+        coro = self._ctx.render(url, **options)
+        return asyncio.run_coroutine_threadsafe(coro, self._ctx._loop).result()
+
 
 # The crawler is imported when first needed, not for each task that asks (nor by workers that
 # never fetch).
@@ -165,6 +209,12 @@ def _default_fetcher() -> Fetcher:
     from .crawl.fetcher import Fetcher
 
     return Fetcher()
+
+
+def _default_browser() -> Browser:
+    from .crawl.browser import Browser
+
+    return Browser()
 
 
 def _politeness(backend: Backend) -> Politeness:
