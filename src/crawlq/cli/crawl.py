@@ -120,6 +120,39 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--lease", default=60.0, show_default=True, help="Seconds a page is leased.")
 @click.option("--grace", default=10.0, show_default=True, help="Seconds to finish on Ctrl-C.")
+@click.option(
+    "--render",
+    is_flag=True,
+    help="Render HTML pages in headless Chromium and follow the links of the rendered DOM;"
+    " every request a page makes goes through the crawl's fetcher and politeness"
+    " (needs the browser extra: pip install 'crawlq[browser]').",
+)
+@click.option(
+    "--chromium",
+    envvar="CRAWLQ_CHROMIUM",
+    show_envvar=True,
+    default="/usr/bin/chromium",
+    show_default=True,
+    help="The Chromium --render runs (Playwright never downloads one).",
+)
+@click.option(
+    "--render-pages", default=4, show_default=True, help="Pages rendered at once per process."
+)
+@click.option(
+    "--render-timeout", default=30.0, show_default=True, help="Seconds a page may take to render."
+)
+@click.option(
+    "--resource-domain",
+    "resource_domains",
+    multiple=True,
+    help="Let rendered pages load scripts and data from this domain too (a CDN), although"
+    " its pages are not crawled (repeatable).",
+)
+@click.option(
+    "--render-media",
+    is_flag=True,
+    help="Let rendered pages fetch images, media and fonts (skipped by default).",
+)
 @click.option("--progress/--no-progress", default=True, help="Show the live progress line.")
 @log_level_option
 def crawl(
@@ -148,11 +181,18 @@ def crawl(
     warc_size: int,
     lease: float,
     grace: float,
+    render: bool,
+    chromium: str,
+    render_pages: int,
+    render_timeout: float,
+    resource_domains: tuple[str, ...],
+    render_media: bool,
     progress: bool,
     log_level: str,
 ) -> None:
     """Crawl from SEEDs: WARC files and pages.jsonl in OUT. Stop with Ctrl-C; the same
     command again continues where it stopped."""
+    from ..crawl.browser import BrowserSettings
     from ..crawl.crawler import Crawl, CrawlSettings
     from ..crawl.scope import Scope
     from ..crawl.settings import DEFAULT_USER_AGENT, FetchSettings, Timeouts
@@ -162,6 +202,8 @@ def crawl(
     retry = _retry(max_attempts, retry_delay)
     grace = checks.seconds(grace, "--grace")
     timeout = checks.seconds(timeout, "--timeout")
+    render_timeout = checks.seconds(render_timeout, "--render-timeout")
+    render_pages = checks.integer(render_pages, "--render-pages", low=1)
     allowed = domains or tuple(sorted({registered_domain(url_host(seed)) for seed in seeds}))
     settings = CrawlSettings(
         out=out,
@@ -182,6 +224,14 @@ def crawl(
         retry=retry,
         lease=lease,
         max_file_bytes=warc_size,
+        render=render,
+        browser=BrowserSettings(
+            executable=chromium,
+            pages=render_pages,
+            timeout=render_timeout,
+            media=render_media,
+            resource_domains=resource_domains,
+        ),
     )
     _make_folder(out)
     crawl = Crawl(settings, backend=backend_url)

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..app import App
 from ..backends import Backend
-from ..context import FETCHER, POLITENESS, Context
+from ..context import BROWSER, FETCHER, POLITENESS, Context
 from ..errors import ConfigError
 from ..grouping import NO_GROUP, group_of
 from ..retry import Retry
 from ..tasks import Task
 from ..types import JSON, GroupBy
 from ..worker import Worker, WorkerStats
+from .browser import Browser, BrowserSettings, polite_fetch, require_playwright
 from .budget import PageBudget
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .fetcher import Fetcher, Login
@@ -50,7 +51,10 @@ WARC_DIR = "warc"
 class CrawlSettings:
     """`max_pages` caps the distinct URLs a crawl ever admits (seeds included, over every run
     of it). Errors whose reason is in `retry_reasons` are retried per `retry` and then
-    dead-lettered; the others are recorded and the page is done."""
+    dead-lettered; the others are recorded and the page is done. `render`: each HTML page
+    is rendered in a headless Chromium (`browser`) and its links read from the rendered
+    DOM; every request the page makes is fetched politely, within the scope's domains (and
+    `browser.resource_domains`) and outside its exclude patterns."""
 
     out: Path
     scope: Scope = field(default_factory=Scope)
@@ -64,6 +68,8 @@ class CrawlSettings:
     lease: float = 60.0
     max_file_bytes: int = DEFAULT_FILE_BYTES
     queue: str = "crawl"
+    render: bool = False
+    browser: BrowserSettings = field(default_factory=BrowserSettings)
 
     def __post_init__(self) -> None:
         if self.max_pages is not None and self.max_pages < 1:
@@ -151,6 +157,10 @@ class Crawl:
             STORE, lambda: WarcStore(self.out / WARC_DIR, max_file_bytes=settings.max_file_bytes)
         )
         self.app.provide(RECORDS, lambda: _RecordsResource(self.out / PAGES_FILE))
+        if settings.render:
+            require_playwright("rendering pages (--render)")
+            self.app.provide(BROWSER, lambda: Browser(settings.browser))
+        self.resource_scope = _resource_scope(settings.scope, settings.browser)
 
     def _fetcher(self) -> Fetcher:
         fetcher = Fetcher(self.settings.fetch)
@@ -274,7 +284,8 @@ class Crawl:
         error: FetchError | None = None
         if response.is_html and 200 <= response.status < 300:
             try:
-                page = extract(response.text(), response.url)
+                html, page_url = await self._html(ctx, response)
+                page = extract(html, page_url)
             except FetchError as exc:
                 error = exc
             else:
@@ -282,6 +293,7 @@ class Crawl:
                 if self.settings.scope.follows(depth) and not page.nofollow:
                     queued = await self._follow(ctx, page.links, depth + 1, {url, response.url})
         self.stats.pages += 1
+        retry = error is not None and error.reason in self.settings.retry_reasons
         if error is not None:
             self.stats.errors += 1
         records.write(
@@ -301,9 +313,25 @@ class Crawl:
                 redirects=len(response.history),
                 error=error.reason.value if error else None,
                 detail=error.detail if error else None,
+                retry=retry and not self.settings.retry.exhausted(ctx.attempt),
                 warc=_ref_text(ref),
+                rendered=self.settings.render and response.is_html and error is None,
             )
         )
+        if retry and error is not None:
+            raise error  # a browser that crashed: the page is rendered again later
+
+    async def _html(self, ctx: Context, response: Response) -> tuple[str, str]:
+        """The page's HTML and the URL its links are relative to: as fetched, or as a
+        browser renders it (`render`)."""
+        if not self.settings.render:
+            return response.text(), response.url
+        resources = polite_fetch(self.politeness(ctx), ctx.fetcher, scope=self.resource_scope)
+        browser: Browser = ctx.app.shared(BROWSER)
+        user_agent = ctx.fetcher.settings.user_agent
+        rendered = await browser.render(response, resources, user_agent=user_agent)
+        assert rendered.html is not None  # an HTML page with a 2xx status is rendered
+        return rendered.html, rendered.url
 
     async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
         """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to
@@ -375,6 +403,14 @@ class KnownLinks:
         if len(known) + len(links) > self.limit:
             known.clear()
         known.update(links)
+
+
+def _resource_scope(scope: Scope, browser: BrowserSettings) -> Callable[[str], None]:
+    """Where a rendered page's requests may go: the scope's domains, with the browser's
+    `resource_domains` (a CDN), and none of its exclude patterns. Its include patterns and
+    depth say which pages to visit, not which scripts a page may load."""
+    domains = (*scope.domains, *browser.resource_domains) if scope.domains else ()
+    return Scope(domains=domains, exclude=scope.exclude).check
 
 
 async def _store_all(store: ContentStore, responses: Iterable[Response]) -> RecordRef | None:
