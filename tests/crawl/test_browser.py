@@ -1,0 +1,277 @@
+"""Browser fetching in Debian's headless Chromium (driven by Playwright) against the synthetic
+web: links only JavaScript writes, and every request the browser makes sent by crawlq's
+fetcher, so robots.txt, the host's interval and concurrency, scope and the address guard hold
+for scripts and fetch() calls as for pages. Every request a server logged carries crawlq's
+User-Agent, not Chromium's: none came from Chromium itself."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crawlq import Context, Retry
+from crawlq.app import App
+from crawlq.crawl.browser import DEFAULT_CHROMIUM, Browser, BrowserSettings, Rendered
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
+from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.records import read_records
+from crawlq.crawl.scope import Scope
+from crawlq.crawl.settings import DEFAULT_USER_AGENT
+from crawlq.crawl.store import WarcStore
+from crawlq.crawl.testing import Site, SyntheticWeb, respond
+from crawlq.crawl.testing.sites import page_html
+from crawlq.errors import ConfigError
+from crawlq.worker import Worker
+
+from .conftest import crawl_settings, fetch_settings
+
+JS = "application/javascript"
+
+
+@pytest.fixture(autouse=True)
+def chromium() -> None:
+    """Chromium is a requirement of these tests, not an option: missing, they fail."""
+    if not os.path.exists(DEFAULT_CHROMIUM):
+        pytest.fail(f"{DEFAULT_CHROMIUM} is missing: run `bash scripts/install-chromium.sh`")
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+
+
+def insert(html: str) -> str:
+    """A script adding `html` at the end of the page's body."""
+    return f"document.body.insertAdjacentHTML('beforeend', {json.dumps(html)});"
+
+
+def page(title: str, scripts: str = "") -> Any:
+    return respond(body=page_html(title, [], scripts))
+
+
+def records_by_path(out: Path) -> dict[str, dict[str, Any]]:
+    return {str(r["url"]).split("/", 3)[3]: r for r in read_records(out / PAGES_FILE)}
+
+
+def only_crawlq_sent(net: SyntheticWeb) -> None:
+    agents = {hit.headers.get("User-Agent") for hit in net.hits}
+    assert agents == {DEFAULT_USER_AGENT}, agents
+
+
+async def test_links_only_javascript_writes_are_followed_when_rendering(tmp_path: Path) -> None:
+    routes = {
+        "/": page("app", '<script src="/app.js"></script>'),
+        "/app.js": respond(
+            body=insert('<a href="/page/1">1</a><a href="/page/2">2</a>'), content_type=JS
+        ),
+    }
+    async with SyntheticWeb([Site(name="js.test", pages=3, routes=routes)]) as net:
+        plain = Crawl(crawl_settings(net, tmp_path / "plain"))
+        await plain.run([net.url("js.test", "/")])
+        plain_hits = [h.path for h in net.hits]
+        net.hits.clear()
+        rendered = Crawl(crawl_settings(net, tmp_path / "rendered", render=True))
+        stats = await rendered.run([net.url("js.test", "/")])
+    # Without a browser the page has no links: nothing else is requested.
+    assert sorted(plain_hits) == ["/", "/robots.txt"]
+    assert records_by_path(tmp_path / "plain")[""]["links"] == 0
+    # Rendered, the links the script wrote are found, followed and rendered in turn.
+    records = records_by_path(tmp_path / "rendered")
+    assert sorted(records) == ["", "page/1", "page/2"] and stats.done == 3
+    assert records[""]["links"] == 2 and records[""]["queued"] == 2
+    assert all(
+        r["rendered"] and r["status"] == 200 and r["error"] is None for r in records.values()
+    )
+    assert sorted(h.path for h in net.hits) == ["/", "/app.js", "/page/1", "/page/2", "/robots.txt"]
+    only_crawlq_sent(net)
+    # WARC holds the document as the server sent it, without the links the script wrote.
+    store = WarcStore(tmp_path / "rendered" / WARC_DIR)
+    stored = await store.get(net.url("js.test", "/"))
+    await store.aclose()
+    assert stored is not None and b'<script src="/app.js">' in stored.raw
+    assert b"/page/1" not in stored.raw
+
+
+async def test_a_script_robots_txt_disallows_is_never_requested_and_the_page_renders_without_it(
+    tmp_path: Path,
+) -> None:
+    robots = "User-agent: *\nDisallow: /private/\n"
+    scripts = (
+        '<script src="/private/app.js"></script>'
+        f"<script>{insert('<a id=inline href=/page/1>inline</a>')}</script>"
+    )
+    routes = {
+        "/": page("robots", scripts),
+        "/private/app.js": respond(
+            body=insert("<a id=private href=/page/2>x</a>"), content_type=JS
+        ),
+    }
+    rendered: list[Rendered] = []
+    async with SyntheticWeb([Site(name="a.test", robots=robots, routes=routes)]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            rendered.append(await ctx.render(url, wait_for="#inline"))
+
+        await app.aschedule(visit, net.url("a.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1
+    (result,) = rendered
+    assert result.html is not None and 'id="inline"' in result.html
+    assert 'id="private"' not in result.html
+    assert "/private/app.js" not in [h.path for h in net.hits]
+    assert sorted(h.path for h in net.hits) == ["/", "/robots.txt"]
+    (refused,) = result.refused
+    assert refused.url == net.url("a.test", "/private/app.js") and refused.kind == "script"
+    assert refused.error == Reason.ROBOTS_DISALLOWED
+    only_crawlq_sent(net)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.0], ids=["interval", "concurrency-only"])
+async def test_a_hosts_interval_and_concurrency_hold_for_the_requests_of_a_rendered_page(
+    tmp_path: Path, delay: float
+) -> None:
+    """Four scripts and a fetch() of one page, which Chromium asks for at once, go one at a
+    time (the server takes 50 ms to answer each: requests sent at once would overlap in its
+    log), and an interval apart if the host has one."""
+    scripts = "".join(f'<script src="/s{n}.js"></script>' for n in range(4))
+    data_js = (
+        "fetch('/data.json').then(r => r.json()).then(links => document.body.insertAdjacentHTML("
+        "'beforeend', links.map(l => `<a href=\"${l}\">${l}</a>`).join('')));"
+    )
+    routes: dict[str, Any] = {
+        "/": page("paced", scripts + '<script src="/data.js"></script>'),
+        "/data.js": respond(body=data_js, content_type=JS),
+        "/data.json": respond(body=json.dumps(["/page/1"]), content_type="application/json"),
+    }
+    routes |= {f"/s{n}.js": respond(body=f"window.s{n} = {n};", content_type=JS) for n in range(4)}
+    site = Site(name="a.test", latency=0.05, routes=routes)
+    async with SyntheticWeb([site]) as net:
+        settings = crawl_settings(
+            net,
+            tmp_path,
+            render=True,
+            delay=delay,
+            concurrency_per_domain=1,
+            scope=Scope(domains=("a.test",), max_depth=0),
+        )
+        await Crawl(settings).run([net.url("a.test", "/")])
+    records = records_by_path(tmp_path)
+    assert records[""]["links"] == 1, records  # the fetch() answer was rendered
+    hits = net.hits_for("a.test")
+    paths = sorted(h.path for h in hits)
+    assert paths == sorted(
+        ["/robots.txt", "/", "/data.js", "/data.json"] + [f"/s{n}.js" for n in range(4)]
+    )
+    assert net.peak_concurrency("a.test") == 1
+    if delay:
+        gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(hits)]
+        assert min(gaps) > delay - 0.05, gaps  # arrivals: a busy server notes one ms late
+    only_crawlq_sent(net)
+
+
+async def test_fetch_calls_out_of_scope_or_to_refused_addresses_are_never_sent(
+    tmp_path: Path,
+) -> None:
+    """The page's script asks another site (out of the task's scope), a link-local address,
+    and a name that resolves to a private address; crawlq refuses each before sending it.
+    Without the scope, the other site is reached (through crawlq): the scope did it."""
+    async with SyntheticWeb([Site(name="in.test"), Site(name="out.test")]) as net:
+        targets = [
+            net.url("out.test", "/secret"),
+            "http://169.254.169.254/latest/meta-data/",
+            "http://internal.test/admin",
+        ]
+        calls = ", ".join(f"fetch({json.dumps(t)})" for t in targets)
+        script = (
+            f"Promise.allSettled([{calls}]).then(rs => document.body.insertAdjacentHTML("
+            "'beforeend', '<p id=done>' + rs.map(r => r.status).join(' ') + '</p>'));"
+        )
+        net.sites["in.test"].routes["/"] = page("fetches", f"<script>{script}</script>")
+        resolve = net.resolve | {"internal.test": "10.1.2.3"}
+        settings = fetch_settings(net, resolve=resolve)
+        results: dict[str, Rendered] = {}
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(settings))
+        scope = Scope(domains=("in.test",))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            results["scoped"] = await ctx.render(url, scope=scope.check, wait_for="#done")
+            results["any"] = await ctx.render(url, wait_for="#done")
+
+        await app.aschedule(visit, net.url("in.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1
+    scoped = {r.url: r.error for r in results["scoped"].resources if r.kind == "fetch"}
+    assert scoped == {
+        targets[0]: Reason.OUT_OF_SCOPE,
+        targets[1]: Reason.OUT_OF_SCOPE,
+        targets[2]: Reason.OUT_OF_SCOPE,
+    }
+    anywhere = {r.url: r.error or r.status for r in results["any"].resources if r.kind == "fetch"}
+    assert anywhere == {
+        targets[0]: 404,
+        targets[1]: Reason.BLOCKED,
+        targets[2]: Reason.BLOCKED,
+    }
+    # out.test was asked once: by the render without the scope, for its robots.txt first.
+    assert [h.path for h in net.hits_for("out.test")] == ["/robots.txt", "/secret"]
+    # The page saw the refusals as network errors (Playwright answers CORS itself).
+    assert '<p id="done">rejected rejected rejected</p>' in str(results["scoped"].html)
+    assert '<p id="done">fulfilled rejected rejected</p>' in str(results["any"].html)
+    only_crawlq_sent(net)
+
+
+async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_goes_on(
+    tmp_path: Path,
+) -> None:
+    missing = str(tmp_path / "no-chromium")
+    async with SyntheticWeb([Site(name="a.test", pages=3)]) as net:
+        settings = crawl_settings(
+            net, tmp_path, render=True, browser=BrowserSettings(executable=missing)
+        )
+        stats = await Crawl(settings).run(
+            [net.url("a.test", "/page/0"), net.url("a.test", "/page/2")]
+        )
+    records = records_by_path(tmp_path)
+    assert sorted(records) == ["page/0", "page/2"] and stats.done == 2 and stats.failed == 0
+    for record in records.values():
+        assert record["error"] == Reason.BROWSER_UNAVAILABLE and not record["retry"]
+        assert f"no Chromium at {missing}" in str(record["detail"])
+        assert record["status"] == 200 and record["warc"] is not None  # the document is kept
+        assert record["links"] == 0 and not record["rendered"]
+
+
+async def test_a_browser_that_cannot_start_is_an_error_of_the_render_not_of_the_worker(
+    tmp_path: Path,
+) -> None:
+    not_chromium = tmp_path / "not-chromium"
+    not_chromium.write_text("#!/bin/sh\nexit 3\n")
+    not_chromium.chmod(0o755)
+    async with SyntheticWeb([Site(name="a.test")]) as net, Fetcher(fetch_settings(net)) as fetcher:
+        document = await fetcher.fetch(net.url("a.test"))
+        async with Browser(BrowserSettings(executable=str(not_chromium), timeout=10)) as browser:
+
+            async def never(*_: Any) -> Any:
+                raise AssertionError("nothing is fetched without a browser")
+
+            with pytest.raises(FetchError) as failed:
+                await browser.render(document, never)
+    assert failed.value.reason is Reason.BROWSER_UNAVAILABLE
+    assert "did not start" in failed.value.detail
+
+
+def test_render_without_playwright_is_a_config_error_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "playwright.async_api", None)  # import fails
+    with pytest.raises(ConfigError, match=r"crawlq\[browser\]"):
+        Crawl(crawl_settings(SyntheticWeb([]), tmp_path, render=True))
