@@ -6,6 +6,7 @@ User-Agent, not Chromium's: none came from Chromium itself."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -13,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+from aiohttp import web
 
 from crawlq import Context, Retry
 from crawlq.app import App
@@ -248,6 +251,48 @@ async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_g
         assert f"no Chromium at {missing}" in str(record["detail"])
         assert record["status"] == 200 and record["warc"] is not None  # the document is kept
         assert record["links"] == 0 and not record["rendered"]
+
+
+def kill_chromium() -> int:
+    """SIGKILLs the Chromium browser processes crawlq started in this test process (found by
+    the resolver rule it launches them with; not the renderers and helpers, which go with
+    it, nor a dashboard test's Chromium); returns how many."""
+    killed = 0
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            command = process.cmdline()
+            main = command and not any(arg.startswith("--type=") for arg in command)
+            if main and "--host-resolver-rules=MAP * ~NOTFOUND" in command:
+                process.kill()
+                killed += 1
+    return killed
+
+
+async def test_chromium_killed_mid_render_fails_the_page_alone_and_the_retry_renders_it(
+    tmp_path: Path,
+) -> None:
+    """The server kills Chromium while answering the page's script (the first time): that
+    page's render fails as browser_failed and is retried; the retry launches a new Chromium
+    and renders the page; the worker never stops."""
+    killed: list[int] = []
+
+    async def script(request: web.Request) -> web.StreamResponse:
+        if not killed:
+            killed.append(kill_chromium())
+        return web.Response(text=insert('<a href="/page/1">1</a>'), content_type=JS)
+
+    routes = {"/": page("crash", '<script src="/app.js"></script>'), "/app.js": script}
+    async with SyntheticWeb([Site(name="a.test", pages=2, routes=routes)]) as net:
+        settings = crawl_settings(net, tmp_path, render=True, scope=Scope(max_depth=0))
+        stats = await Crawl(settings).run([net.url("a.test", "/")])
+    assert killed == [1]
+    tries = read_records(tmp_path / PAGES_FILE)
+    assert [(r["error"], r["retry"]) for r in tries] == [
+        (Reason.BROWSER_FAILED, True),
+        (None, False),
+    ]
+    assert tries[1]["rendered"] and tries[1]["links"] == 1
+    assert stats.done == 1 and stats.dead == 0
 
 
 async def test_a_browser_that_cannot_start_is_an_error_of_the_render_not_of_the_worker(

@@ -97,6 +97,9 @@ _REFUSALS = frozenset(
     {Reason.OUT_OF_SCOPE, Reason.ROBOTS_DISALLOWED, Reason.BLOCKED, Reason.THROTTLED}
 )
 
+#: Seconds a Chromium that failed a render has to open a context to be deemed alive.
+PROBE_TIMEOUT = 10.0
+
 WaitUntil = Literal["load", "domcontentloaded", "networkidle"]
 
 
@@ -310,7 +313,7 @@ class Browser:
                     responses=document.chain,
                 ) from exc
             except Error as exc:
-                if not chromium.is_connected() or job.crashed:
+                if not await _alive(chromium):
                     await self._forget(chromium)
                 raise FetchError(
                     Reason.BROWSER_FAILED, document.url, _line(exc), responses=document.chain
@@ -340,7 +343,6 @@ class Browser:
         )
         try:
             page = await context.new_page()
-            page.on("crash", lambda _: job.crash())
             await page.route("**/*", job.route)
             await page.route_web_socket("**/*", _refuse_web_socket)
             wait_until = self.settings.wait_until
@@ -364,6 +366,22 @@ class Browser:
             await context.close()
 
 
+async def _alive(chromium: Chromium) -> bool:
+    """Whether Chromium still opens a context, after an error (its process may have died
+    before Playwright noticed it was gone)."""
+    from playwright.async_api import Error
+
+    if not chromium.is_connected():
+        return False
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            context = await chromium.new_context()
+            await context.close()
+    except (Error, TimeoutError):
+        return False
+    return True
+
+
 class _Render:
     """The requests of one render: each fetched by crawlq, in a task of its own that the end
     of the render cancels (a request never goes out for a page given up on)."""
@@ -374,15 +392,11 @@ class _Render:
         self.fetch = fetch
         self.host = _host(document.url)
         self.resources: list[Resource] = []
-        self.crashed = False
         self._served = False  # the document was handed to Chromium
         self._stopped = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._own: dict[str, asyncio.Lock] = {}  # the page's own host: this render's turns
         self._redirected: dict[str, Response] = {}  # where a redirect led, not yet asked for
-
-    def crash(self) -> None:
-        self.crashed = True
 
     async def route(self, route: Route) -> None:
         # A fresh context: nothing of whatever task Playwright dispatches from (a send slot
