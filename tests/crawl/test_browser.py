@@ -11,12 +11,14 @@ import itertools
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from aiohttp import web
+from warcio.archiveiterator import ArchiveIterator
 
 from crawlq import Context, Retry
 from crawlq.app import App
@@ -88,14 +90,27 @@ async def test_links_only_javascript_writes_are_followed_when_rendering(tmp_path
     assert all(
         r["rendered"] and r["status"] == 200 and r["error"] is None for r in records.values()
     )
+    assert records_by_path(tmp_path / "plain")[""]["rendered"] is None
     assert sorted(h.path for h in net.hits) == ["/", "/app.js", "/page/1", "/page/2", "/robots.txt"]
     only_crawlq_sent(net)
     # WARC holds the document as the server sent it, without the links the script wrote.
     store = WarcStore(tmp_path / "rendered" / WARC_DIR)
     stored = await store.get(net.url("js.test", "/"))
+    dom = await store.get_rendition(net.url("js.test", "/"))
     await store.aclose()
     assert stored is not None and b'<script src="/app.js">' in stored.raw
     assert b"/page/1" not in stored.raw
+    # ... and the rendered DOM beside it, in a conversion record the page record points to.
+    assert dom is not None and '<a href="/page/1">1</a>' in dom.html
+    assert records[""]["rendered"] != records[""]["warc"]
+    # The page's script is not stored: WARC holds pages, and the DOMs rendered from them.
+    kinds: Counter[str] = Counter()
+    for path in (tmp_path / "rendered" / WARC_DIR).glob("*.warc.gz"):
+        with path.open("rb") as file:
+            for record in ArchiveIterator(file, check_digests="raise"):
+                record.raw_stream.read()  # its digests checked
+                kinds[record.rec_type] += 1
+    assert kinds == {"warcinfo": 1, "response": 3, "conversion": 3}
 
 
 async def test_a_script_robots_txt_disallows_is_never_requested_and_the_page_renders_without_it(

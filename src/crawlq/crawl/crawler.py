@@ -37,7 +37,7 @@ from .scope import Scope
 from .settings import FetchSettings
 from .store import ContentStore, WarcStore
 from .urls import canonicalize, is_canonical
-from .warc import DEFAULT_FILE_BYTES, RecordRef
+from .warc import DEFAULT_FILE_BYTES, RecordRef, Rendition
 
 STORE = "crawlq.crawl.store"
 RECORDS = "crawlq.crawl.records"
@@ -282,9 +282,10 @@ class Crawl:
             await self._mark_fetched(ctx, url, depth, response)
         title, found, queued = None, 0, 0
         error: FetchError | None = None
+        rendition: RecordRef | None = None
         if response.is_html and 200 <= response.status < 300:
             try:
-                html, page_url = await self._html(ctx, response)
+                html, page_url, rendition = await self._html(ctx, response, store)
                 page = extract(html, page_url)
             except FetchError as exc:
                 error = exc
@@ -315,23 +316,28 @@ class Crawl:
                 detail=error.detail if error else None,
                 retry=retry and not self.settings.retry.exhausted(ctx.attempt),
                 warc=_ref_text(ref),
-                rendered=self.settings.render and response.is_html and error is None,
+                rendered=_ref_text(rendition),
             )
         )
         if retry and error is not None:
             raise error  # a browser that crashed: the page is rendered again later
 
-    async def _html(self, ctx: Context, response: Response) -> tuple[str, str]:
+    async def _html(
+        self, ctx: Context, response: Response, store: ContentStore
+    ) -> tuple[str, str, RecordRef | None]:
         """The page's HTML and the URL its links are relative to: as fetched, or as a
-        browser renders it (`render`)."""
+        browser renders it (`render`), then stored beside the response (where, third)."""
         if not self.settings.render:
-            return response.text(), response.url
+            return response.text(), response.url, None
         resources = polite_fetch(self.politeness(ctx), ctx.fetcher, scope=self.resource_scope)
         browser: Browser = ctx.app.shared(BROWSER)
         user_agent = ctx.fetcher.settings.user_agent
         rendered = await browser.render(response, resources, user_agent=user_agent)
         assert rendered.html is not None  # an HTML page with a 2xx status is rendered
-        return rendered.html, rendered.url
+        rendition = Rendition(
+            url=response.url, final_url=rendered.url, html=rendered.html, fetched_at=time.time()
+        )
+        return rendered.html, rendered.url, await store.put_rendition(rendition)
 
     async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
         """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to

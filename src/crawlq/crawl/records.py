@@ -31,7 +31,7 @@ class PageRecord:
     detail: str | None = None
     retry: bool = False  # the page will be tried again
     warc: str | None = None  # file:offset of the last response's record
-    rendered: bool = False  # links and title read from the DOM a browser rendered
+    rendered: str | None = None  # file:offset of the rendered DOM's record (links read from it)
 
     def to_json(self) -> str:
         """One line; URLs without their credentials (`detail` comes from a FetchError, which

@@ -1,6 +1,8 @@
 """Where raw responses go: a content store. `WarcStore` writes WARC files and indexes each
 record (URL, time, file, offset) in a SQLite file beside them, so later stages read a
 response back without fetching it again. Object storage would be another ContentStore.
+The DOM of a page a browser rendered is stored beside its response, indexed apart
+(`put_rendition`, `get_rendition`): `get` always reads what the server sent.
 
 URLs are stored and looked up without their credentials (`http://***@host/`, redact.py).
 """
@@ -15,7 +17,15 @@ from typing import Protocol
 from ..groupcommit import GroupCommit
 from .redact import redact_url
 from .response import Response
-from .warc import DEFAULT_FILE_BYTES, RecordRef, RotatingWarcWriter, StoredResponse, read_record
+from .warc import (
+    DEFAULT_FILE_BYTES,
+    RecordRef,
+    Rendition,
+    RotatingWarcWriter,
+    StoredResponse,
+    read_record,
+    read_rendition,
+)
 
 INDEX_FILE = "index.sqlite"
 
@@ -30,18 +40,35 @@ CREATE TABLE IF NOT EXISTS responses (
     length INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_url ON responses (url, fetched_at);
+CREATE TABLE IF NOT EXISTS renditions (
+    id INTEGER PRIMARY KEY,
+    url TEXT NOT NULL,
+    fetched_at REAL NOT NULL,
+    file TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS renditions_by_url ON renditions (url, fetched_at);
 """
 _INSERT = (
     "INSERT INTO responses (url, fetched_at, status, file, offset, length)"
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
+_INSERT_RENDITION = (
+    "INSERT INTO renditions (url, fetched_at, file, offset, length) VALUES (?, ?, ?, ?, ?)"
+)
 _LATEST = (
     "SELECT file, offset, length FROM responses WHERE url = ?"
+    " ORDER BY fetched_at DESC, id DESC LIMIT 1"
+)
+_LATEST_RENDITION = (
+    "SELECT file, offset, length FROM renditions WHERE url = ?"
     " ORDER BY fetched_at DESC, id DESC LIMIT 1"
 )
 
 
 _Row = tuple[str, float, int, str, int, int]  # as _INSERT takes them
+_RenditionRow = tuple[str, float, str, int, int]  # as _INSERT_RENDITION takes them
 
 
 class ContentStore(Protocol):
@@ -50,6 +77,12 @@ class ContentStore(Protocol):
 
     async def get(self, url: str) -> StoredResponse | None:
         """The latest stored response for `url`, or None."""
+
+    async def put_rendition(self, rendition: Rendition) -> RecordRef:
+        """Stores the DOM a browser rendered for a page; returns where it is."""
+
+    async def get_rendition(self, url: str) -> Rendition | None:
+        """The latest rendered DOM stored for `url`, or None."""
 
     async def sync(self) -> None:
         """Puts every response stored so far on disk, or raises: then some may not be."""
@@ -82,6 +115,8 @@ class WarcStore:
         self._index: sqlite3.Connection | None = None
         self._unindexed: list[_Row] = []  # written, not yet synced
         self._latest_unindexed: dict[str, RecordRef] = {}  # by redacted URL
+        self._unindexed_renditions: list[_RenditionRow] = []
+        self._latest_unindexed_renditions: dict[str, RecordRef] = {}
         self._commit = GroupCommit(self._put_many, "crawlq-warc")
 
     def _connection(self) -> sqlite3.Connection:
@@ -93,20 +128,29 @@ class WarcStore:
     async def put(self, response: Response) -> RecordRef:
         return await self._commit(response)
 
-    def _put_many(self, responses: list[Response]) -> list[RecordRef | BaseException]:
-        """Writes the batch; a response that cannot be written fails alone."""
+    async def put_rendition(self, rendition: Rendition) -> RecordRef:
+        return await self._commit(rendition)
+
+    def _put_many(self, items: list[Response | Rendition]) -> list[RecordRef | BaseException]:
+        """Writes the batch; a record that cannot be written fails alone."""
         refs: list[RecordRef | BaseException] = []
-        for response in responses:
+        for item in items:
             try:
-                ref = self._writer.write(response)
+                ref = self._writer.write(item)
             except (ValueError, UnicodeError, OSError) as exc:  # OSError: a full disk, say
                 refs.append(exc)
                 continue
-            url = redact_url(response.url)
-            self._unindexed.append(
-                (url, response.fetched_at, response.status, ref.file, ref.offset, ref.length)
-            )
-            self._latest_unindexed[url] = ref
+            url = redact_url(item.url)
+            if isinstance(item, Rendition):
+                self._unindexed_renditions.append(
+                    (url, item.fetched_at, ref.file, ref.offset, ref.length)
+                )
+                self._latest_unindexed_renditions[url] = ref
+            else:
+                self._unindexed.append(
+                    (url, item.fetched_at, item.status, ref.file, ref.offset, ref.length)
+                )
+                self._latest_unindexed[url] = ref
             refs.append(ref)
         return refs
 
@@ -119,12 +163,13 @@ class WarcStore:
         except OSError:
             self._forget_unindexed()  # their records may be lost; their pages are retried
             raise
-        if not self._unindexed:
+        if not self._unindexed and not self._unindexed_renditions:
             return
         connection = self._connection()
         connection.execute("BEGIN")
         try:
             connection.executemany(_INSERT, self._unindexed)
+            connection.executemany(_INSERT_RENDITION, self._unindexed_renditions)
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
@@ -134,6 +179,8 @@ class WarcStore:
     def _forget_unindexed(self) -> None:
         self._unindexed.clear()
         self._latest_unindexed.clear()
+        self._unindexed_renditions.clear()
+        self._latest_unindexed_renditions.clear()
 
     async def get(self, url: str) -> StoredResponse | None:
         return await self._commit.run(self._get, url)
@@ -147,6 +194,19 @@ class WarcStore:
                 return None
             ref = RecordRef(file=row[0], offset=row[1], length=row[2])
         return read_record(self.directory, ref)
+
+    async def get_rendition(self, url: str) -> Rendition | None:
+        return await self._commit.run(self._get_rendition, url)
+
+    def _get_rendition(self, url: str) -> Rendition | None:
+        redacted = redact_url(url)
+        ref = self._latest_unindexed_renditions.get(redacted)
+        if ref is None:
+            row = self._connection().execute(_LATEST_RENDITION, (redacted,)).fetchone()
+            if row is None:
+                return None
+            ref = RecordRef(file=row[0], offset=row[1], length=row[2])
+        return read_rendition(self.directory, ref)
 
     def refs(self, url: str) -> list[RecordRef]:
         """Every stored record of `url`, oldest first (blocking: for tools and tests)."""

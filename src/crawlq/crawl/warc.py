@@ -4,9 +4,11 @@ Every file starts with a warcinfo record; each response is one `response` record
 the status line, the headers and the body exactly as received (compressed if the server
 compressed it). `Transfer-Encoding` is dropped: the body is stored de-chunked. Bytes outside
 ASCII in the status line and the headers are stored %-escaped (%E9), as WARC headers are
-ASCII. Each record is built in memory first, so one that cannot be written leaves nothing
-behind in the file and fails alone. Credentials are left out (redact.py): the userinfo of
-WARC-Target-URI, and the values of Set-Cookie, Cookie and Authorization headers.
+ASCII. A page a browser rendered has a `conversion` record besides: its DOM once rendered,
+as UTF-8 HTML, for the document's URL (`Rendition`). Each record is built in memory first,
+so one that cannot be written leaves nothing behind in the file and fails alone. Credentials
+are left out (redact.py): the userinfo of WARC-Target-URI, and the values of Set-Cookie,
+Cookie and Authorization headers.
 """
 
 from __future__ import annotations
@@ -94,6 +96,39 @@ def _digest(*parts: bytes) -> str:
     return "sha1:" + base64.b32encode(sha1.digest()).decode("ascii")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rendition:
+    """The DOM of a page a browser rendered from the document at `url` (the page ended up at
+    `final_url`, where a script navigated on), stored as a WARC `conversion` record."""
+
+    url: str
+    final_url: str
+    html: str
+    fetched_at: float  # when rendering finished
+
+    @property
+    def body(self) -> bytes:
+        return self.html.encode("utf-8", "replace")
+
+
+def conversion_record(rendition: Rendition) -> bytes:
+    """The WARC `conversion` record of a rendered DOM, uncompressed."""
+    body = rendition.body
+    warc_headers = (
+        f"{WARC_VERSION}\r\n"
+        f"WARC-Date: {warc_date(rendition.fetched_at)}\r\n"
+        f"WARC-Record-ID: <urn:uuid:{uuid.uuid4()}>\r\n"
+        "WARC-Type: conversion\r\n"
+        f"WARC-Target-URI: {redact_url(rendition.url)}\r\n"
+        f"WARC-Refers-To-Target-URI: {redact_url(rendition.final_url)}\r\n"
+        f"WARC-Payload-Digest: {_digest(body)}\r\n"
+        f"WARC-Block-Digest: {_digest(body)}\r\n"
+        "Content-Type: text/html; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return b"".join((warc_headers.encode("utf-8"), body, b"\r\n\r\n"))
+
+
 def response_record(response: Response) -> bytes:
     """The WARC `response` record of `response`, uncompressed: what warcio's
     `create_warc_record(..., "response", ...)` writes, header for header, built directly
@@ -171,11 +206,12 @@ class RotatingWarcWriter:
             self._file, self._name, self._unsynced = file, name, True
         return self._file
 
-    def write(self, response: Response) -> RecordRef:
+    def write(self, item: Response | Rendition) -> RecordRef:
         """Appends one record, whole, or raises and leaves the file as it was."""
         file = self._open()
         compressor = zlib.compressobj(self.compress_level, zlib.DEFLATED, _GZIP_WBITS)
-        member = compressor.compress(response_record(response))
+        record = conversion_record(item) if isinstance(item, Rendition) else response_record(item)
+        member = compressor.compress(record)
         member += compressor.flush()
         try:
             offset = _append(file, member)
@@ -277,6 +313,23 @@ def _warcinfo(name: str) -> bytes:
     fields = {"software": "crawlq", "format": "WARC File Format 1.1"}
     writer.write_record(writer.create_warcinfo_record(name, fields))
     return buffer.getvalue()
+
+
+def read_rendition(directory: Path, ref: RecordRef) -> Rendition:
+    """The conversion record at `ref` (a rendered DOM), read without scanning the file."""
+    with open(directory / ref.file, "rb") as file:
+        file.seek(ref.offset)
+        for record in ArchiveIterator(file):
+            headers = record.rec_headers
+            date = headers.get_header("WARC-Date")
+            fetched = datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+            return Rendition(
+                url=headers.get_header("WARC-Target-URI"),
+                final_url=headers.get_header("WARC-Refers-To-Target-URI") or "",
+                html=record.raw_stream.read().decode("utf-8", "replace"),
+                fetched_at=fetched.timestamp(),
+            )
+    raise ValueError(f"no WARC record at {ref.file}:{ref.offset}")
 
 
 def read_record(directory: Path, ref: RecordRef) -> StoredResponse:
