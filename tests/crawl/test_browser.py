@@ -6,6 +6,7 @@ User-Agent, not Chromium's: none came from Chromium itself."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -148,6 +149,41 @@ async def test_a_script_robots_txt_disallows_is_never_requested_and_the_page_ren
     (refused,) = result.refused
     assert refused.url == net.url("a.test", "/private/app.js") and refused.kind == "script"
     assert refused.error == Reason.ROBOTS_DISALLOWED
+    only_crawlq_sent(net)
+
+
+async def test_crawlq_crawl_render_from_the_command_line(tmp_path: Path) -> None:
+    """`crawlq crawl --render` in a subprocess, its Chromium from CRAWLQ_CHROMIUM."""
+    routes = {
+        "/": page("app", '<script src="/app.js"></script>'),
+        "/app.js": respond(body=insert('<a href="/page/1">1</a>'), content_type=JS),
+    }
+    async with SyntheticWeb([Site(name="js.test", pages=2, routes=routes)]) as net:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "crawlq",
+            "crawl",
+            net.url("js.test", "/"),
+            "--out",
+            str(tmp_path),
+            "--resolve",
+            f"js.test={net.addresses['js.test']}",
+            "--resolve-only",
+            "--allow-network",
+            "127.0.0.0/8",
+            "--no-progress",
+            "--render",
+            "--render-pages",
+            "2",
+            env=os.environ | {"CRAWLQ_CHROMIUM": DEFAULT_CHROMIUM},
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(process.communicate(), 90)
+    assert process.returncode == 0, stderr.decode()
+    records = records_by_path(tmp_path)
+    assert sorted(records) == ["", "page/1"] and all(r["rendered"] for r in records.values())
+    assert sorted(h.path for h in net.hits) == ["/", "/app.js", "/page/1", "/robots.txt"]
     only_crawlq_sent(net)
 
 
