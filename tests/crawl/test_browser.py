@@ -230,6 +230,42 @@ async def test_a_hosts_interval_and_concurrency_hold_for_the_requests_of_a_rende
     only_crawlq_sent(net)
 
 
+async def test_a_429_to_a_pages_script_pauses_its_host_and_the_page_is_rendered_again_after(
+    tmp_path: Path,
+) -> None:
+    """The page's host answers its script 429 Retry-After 1 (the first time): the render is
+    Throttled as the page would be, its host paused for a second in the queue, and nothing
+    goes to the host before the second is over; then the page is fetched and rendered again,
+    whole."""
+    answered: list[int] = []
+
+    async def script(request: web.Request) -> web.StreamResponse:
+        if not answered:
+            answered.append(429)
+            return web.Response(status=429, headers={"Retry-After": "1"})
+        answered.append(200)
+        return web.Response(text=insert('<a href="/page/1">1</a>'), content_type=JS)
+
+    routes = {"/": page("paused", '<script src="/app.js"></script>'), "/app.js": script}
+    async with SyntheticWeb([Site(name="a.test", pages=2, routes=routes)]) as net:
+        settings = crawl_settings(net, tmp_path, render=True, scope=Scope(max_depth=0))
+        stats = await Crawl(settings).run([net.url("a.test", "/")])
+    tries = read_records(tmp_path / PAGES_FILE)
+    assert [(r["error"], r["retry"]) for r in tries] == [(Reason.THROTTLED, True), (None, False)]
+    assert tries[0]["status"] == 200 and tries[0]["warc"] is not None  # the document, kept
+    assert tries[1]["rendered"] and tries[1]["links"] == 1 and stats.done == 1
+    hits = net.hits_for("a.test")
+    assert [(h.path, h.status) for h in hits] == [
+        ("/robots.txt", 404),
+        ("/", 200),
+        ("/app.js", 429),
+        ("/", 200),
+        ("/app.js", 200),
+    ]
+    paused = hits[2].ended
+    assert paused is not None and hits[3].at - paused > 0.9  # Retry-After: 1 s
+
+
 async def test_fetch_calls_out_of_scope_or_to_refused_addresses_are_never_sent(
     tmp_path: Path,
 ) -> None:

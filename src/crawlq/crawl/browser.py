@@ -21,7 +21,9 @@ a request the interception missed fails rather than leaves.
 Failures are data: no Chromium -> FetchError(BROWSER_UNAVAILABLE); Chromium crashed or
 broke off -> FetchError(BROWSER_FAILED), retried, with a new Chromium; a render slower than
 `timeout` -> FetchError(TIMEOUT). A request crawlq refused or could not fetch is aborted (the
-page goes on without it, as a browser does) and listed in `Rendered.resources`.
+page goes on without it, as a browser does) and listed in `Rendered.resources`; but a 429/503
+from the page's own host makes the render Throttled, as the page would be: incomplete, and
+its host asked for a pause.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, CrawlqError
 from ..grouping import url_host
-from .errors import FetchError, Reason
+from .errors import FetchError, Reason, Throttled
 from .response import Response
 from .urls import canonicalize
 
@@ -290,7 +292,11 @@ class Browser:
     ) -> Rendered:
         """Renders `document` (fetched already), fetching every request of the page with
         `fetch`; once `wait_until` says the page is ready, and `wait_for` (a CSS selector)
-        matches if given. A document that is not HTML or not 2xx is returned unrendered."""
+        matches if given. A document that is not HTML or not 2xx is returned unrendered.
+
+        Raises FetchError (the document among its responses) if the page could not be
+        rendered, and Throttled if the page's own host answered one of its requests with
+        429/503: the page is then incomplete, and its host asked for a pause."""
         if not renderable(document):
             return Rendered(response=document, html=None, url=document.url)
         from playwright.async_api import Error
@@ -299,11 +305,14 @@ class Browser:
         timeout = self.settings.timeout
         async with self._pages:
             deadline = time.monotonic() + timeout
-            chromium = await self._launched(document.url)
+            try:
+                chromium = await self._launched(document.url)
+            except FetchError as exc:
+                raise FetchError(exc.reason, exc.url, exc.detail, responses=document.chain) from exc
             job = _Render(self, document, fetch)
             try:
                 async with asyncio.timeout(timeout):
-                    return await self._render(chromium, job, deadline, wait_for, user_agent)
+                    rendered = await self._render(chromium, job, deadline, wait_for, user_agent)
             except (TimeoutError, PlaywrightTimeout) as exc:
                 why = str(exc) if isinstance(exc, TimeoutError) and str(exc) else ""
                 raise FetchError(
@@ -318,6 +327,16 @@ class Browser:
                 raise FetchError(
                     Reason.BROWSER_FAILED, document.url, _line(exc), responses=document.chain
                 ) from exc
+        paused = job.paused
+        if paused is not None:
+            raise Throttled(
+                document.url,
+                paused.until,
+                f"{paused.url}, a request of the page: {paused.detail}",
+                responses=document.chain,
+                answered=True,
+            )
+        return rendered
 
     async def _forget(self, chromium: Chromium) -> None:
         """Drops a Chromium that crashed or broke off: the next render launches another."""
@@ -394,6 +413,8 @@ class _Render:
         self.resources: list[Resource] = []
         self._served = False  # the document was handed to Chromium
         self._stopped = False
+        #: A 429/503 the page's own host answered one of its requests with.
+        self.paused: Throttled | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._own: dict[str, asyncio.Lock] = {}  # the page's own host: this render's turns
         self._redirected: dict[str, Response] = {}  # where a redirect led, not yet asked for
@@ -431,6 +452,8 @@ class _Render:
             self._note(url, kind, method, error="skipped", detail=str(exc))
             await _abort(route, "blockedbyclient")
         except FetchError as exc:
+            if isinstance(exc, Throttled) and exc.answered and _host(url) == self.host:
+                self.paused = self.paused or exc
             self._note(url, kind, method, error=exc.reason.value, detail=exc.detail or None)
             await _abort(route, "blockedbyclient" if exc.reason in _REFUSALS else "failed")
         else:

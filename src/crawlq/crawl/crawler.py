@@ -24,7 +24,7 @@ from ..retry import Retry
 from ..tasks import Task
 from ..types import JSON, GroupBy
 from ..worker import Worker, WorkerStats
-from .browser import Browser, BrowserSettings, polite_fetch, require_playwright
+from .browser import Browser, BrowserSettings, Rendered, polite_fetch, require_playwright
 from .budget import PageBudget
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .fetcher import Fetcher, Login
@@ -243,6 +243,7 @@ class Crawl:
             response = await self.politeness(ctx).fetch(
                 ctx.fetcher, url, group=ctx.group, scope=self.settings.scope.check
             )
+            rendered = await self._render(ctx, response)
         except Throttled as exc:
             ref = await _store_all(store, exc.responses)
             self.stats.throttled += 1
@@ -285,8 +286,11 @@ class Crawl:
         rendition: RecordRef | None = None
         if response.is_html and 200 <= response.status < 300:
             try:
-                html, page_url, rendition = await self._html(ctx, response, store)
-                page = extract(html, page_url)
+                if rendered is not None and rendered.html is not None:
+                    rendition = await store.put_rendition(_rendition(rendered, rendered.html))
+                    page = extract(rendered.html, rendered.url)
+                else:
+                    page = extract(response.text(), response.url)
             except FetchError as exc:
                 error = exc
             else:
@@ -294,7 +298,6 @@ class Crawl:
                 if self.settings.scope.follows(depth) and not page.nofollow:
                     queued = await self._follow(ctx, page.links, depth + 1, {url, response.url})
         self.stats.pages += 1
-        retry = error is not None and error.reason in self.settings.retry_reasons
         if error is not None:
             self.stats.errors += 1
         records.write(
@@ -314,30 +317,22 @@ class Crawl:
                 redirects=len(response.history),
                 error=error.reason.value if error else None,
                 detail=error.detail if error else None,
-                retry=retry and not self.settings.retry.exhausted(ctx.attempt),
                 warc=_ref_text(ref),
                 rendered=_ref_text(rendition),
             )
         )
-        if retry and error is not None:
-            raise error  # a browser that crashed: the page is rendered again later
 
-    async def _html(
-        self, ctx: Context, response: Response, store: ContentStore
-    ) -> tuple[str, str, RecordRef | None]:
-        """The page's HTML and the URL its links are relative to: as fetched, or as a
-        browser renders it (`render`), then stored beside the response (where, third)."""
+    async def _render(self, ctx: Context, response: Response) -> Rendered | None:
+        """The page as a browser renders it, if the crawl renders and it is HTML with a 2xx
+        status. Its failures are the page's, with the document among their responses (its
+        WARC record kept); a 429/503 its own host answered one of its requests is Throttled,
+        as if the page itself had got it."""
         if not self.settings.render:
-            return response.text(), response.url, None
+            return None
         resources = polite_fetch(self.politeness(ctx), ctx.fetcher, scope=self.resource_scope)
         browser: Browser = ctx.app.shared(BROWSER)
         user_agent = ctx.fetcher.settings.user_agent
-        rendered = await browser.render(response, resources, user_agent=user_agent)
-        assert rendered.html is not None  # an HTML page with a 2xx status is rendered
-        rendition = Rendition(
-            url=response.url, final_url=rendered.url, html=rendered.html, fetched_at=time.time()
-        )
-        return rendered.html, rendered.url, await store.put_rendition(rendition)
+        return await browser.render(response, resources, user_agent=user_agent)
 
     async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
         """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to
@@ -409,6 +404,11 @@ class KnownLinks:
         if len(known) + len(links) > self.limit:
             known.clear()
         known.update(links)
+
+
+def _rendition(rendered: Rendered, html: str) -> Rendition:
+    document = rendered.response
+    return Rendition(url=document.url, final_url=rendered.url, html=html, fetched_at=time.time())
 
 
 def _resource_scope(scope: Scope, browser: BrowserSettings) -> Callable[[str], None]:
