@@ -230,6 +230,36 @@ async def test_a_hosts_interval_and_concurrency_hold_for_the_requests_of_a_rende
     only_crawlq_sent(net)
 
 
+async def test_a_hosts_long_interval_delays_a_pages_scripts_and_does_not_drop_them(
+    tmp_path: Path,
+) -> None:
+    """An interval longer than a request may wait for its turn (a page would be put back in
+    the queue): the page's script waits for its host's turn in the render, and goes then.
+    (robots.txt is off: a page paced after its host's robots.txt by an interval over
+    MAX_PACING_WAIT is put back for ever, which is Politeness's own matter.)"""
+    routes = {
+        "/": page("slow", '<script src="/app.js"></script>'),
+        "/app.js": respond(body=insert("<a id=late href=/page/1>1</a>"), content_type=JS),
+    }
+    rendered: list[Rendered] = []
+    async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.limit("a.test", concurrency=1, interval=4.0)
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net, robots=False)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            rendered.append(await ctx.render(url, wait_for="#late"))
+
+        await app.aschedule(visit, net.url("a.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1 and 'id="late"' in str(rendered[0].html)
+    first, second = net.hits_for("a.test")
+    assert (first.path, second.path) == ("/", "/app.js")
+    assert second.at - first.at > 3.9
+
+
 async def test_a_429_to_a_pages_script_pauses_its_host_and_the_page_is_rendered_again_after(
     tmp_path: Path,
 ) -> None:

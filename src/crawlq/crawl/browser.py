@@ -179,11 +179,25 @@ def polite_fetch(
     robots: bool | None = None,
 ) -> ResourceFetch:
     """The requests of a page fetched as `Politeness.fetch` fetches a page, each counting
-    against its own host's group (the group a redirect's later hop counts against)."""
+    against its own host's group (the group a redirect's later hop counts against).
+
+    A page waits for its turn in the queue; a request of a page being rendered waits for its
+    host's turn here: `Politeness.pace` would put back a request whose turn is more than
+    MAX_PACING_WAIT away (a page goes back to the queue), and a host with a Crawl-delay of a
+    few seconds would get none of its scripts. So it sleeps until its turn is near, counted
+    from this worker's last request to the host, then is paced as any request (the render's
+    timeout bounds the whole)."""
+    from .politeness import MAX_PACING_WAIT
 
     async def fetch(
         url: str, method: str, headers: Mapping[str, str], data: bytes | None
     ) -> Response:
+        host = _host(url)
+        last = fetcher.last_sent(host)
+        if last is not None:
+            turn = last + await politeness.interval(host) - MAX_PACING_WAIT / 2
+            if turn > time.time():
+                await asyncio.sleep(turn - time.time())
         return await politeness.fetch(
             fetcher, url, scope=scope, method=method, headers=headers, data=data, robots=robots
         )
@@ -416,7 +430,7 @@ class _Render:
         #: A 429/503 the page's own host answered one of its requests with.
         self.paused: Throttled | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._own: dict[str, asyncio.Lock] = {}  # the page's own host: this render's turns
+        self._own = asyncio.Lock()  # the page's own host: this render's turns
         self._redirected: dict[str, Response] = {}  # where a redirect led, not yet asked for
 
     async def route(self, route: Route) -> None:
@@ -503,9 +517,8 @@ class _Render:
             if ahead is not None:
                 return ahead
         host = _host(url)
-        lock = self._own.setdefault(host, asyncio.Lock()) if host == self.host else None
-        async with lock or self.browser.host_lock(host):
-            sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        async with self._own if host == self.host else self.browser.host_lock(host):
             response = await self.fetch(url, method, sent, data)
         if not response.history:
             return response
