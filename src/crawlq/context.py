@@ -147,6 +147,7 @@ class Context:
             resources,
             wait_for=wait_for,
             user_agent=self.fetcher.settings.user_agent,
+            max_bytes=self.fetcher.settings.max_bytes,
         )
 
 

@@ -350,6 +350,20 @@ async def test_fetch_calls_out_of_scope_or_to_refused_addresses_are_never_sent(
     only_crawlq_sent(net)
 
 
+async def test_a_rendered_dom_over_the_size_cap_is_too_large_as_a_body_would_be(
+    tmp_path: Path,
+) -> None:
+    grow = "document.body.insertAdjacentHTML('beforeend', '<p>' + 'x'.repeat(50000) + '</p>');"
+    routes = {"/": page("big", f"<script>{grow}</script>")}
+    async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+        fetch = fetch_settings(net, max_bytes=20_000)
+        settings = crawl_settings(net, tmp_path, render=True, fetch=fetch)
+        await Crawl(settings).run([net.url("a.test", "/")])
+    (record,) = read_records(tmp_path / PAGES_FILE)
+    assert record["error"] == Reason.TOO_LARGE and not record["retry"]
+    assert record["detail"] == "rendered DOM over 20000 bytes"
+
+
 async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_goes_on(
     tmp_path: Path,
 ) -> None:

@@ -303,10 +303,12 @@ class Browser:
         *,
         wait_for: str | None = None,
         user_agent: str | None = None,
+        max_bytes: int | None = None,
     ) -> Rendered:
         """Renders `document` (fetched already), fetching every request of the page with
         `fetch`; once `wait_until` says the page is ready, and `wait_for` (a CSS selector)
-        matches if given. A document that is not HTML or not 2xx is returned unrendered.
+        matches if given. A document that is not HTML or not 2xx is returned unrendered. A
+        rendered DOM over `max_bytes` (as UTF-8) is TOO_LARGE, as a body over it would be.
 
         Raises FetchError (the document among its responses) if the page could not be
         rendered, and Throttled if the page's own host answered one of its requests with
@@ -341,6 +343,14 @@ class Browser:
                 raise FetchError(
                     Reason.BROWSER_FAILED, document.url, _line(exc), responses=document.chain
                 ) from exc
+        size = len(rendered.html.encode("utf-8", "replace")) if rendered.html else 0
+        if max_bytes is not None and size > max_bytes:
+            raise FetchError(
+                Reason.TOO_LARGE,
+                document.url,
+                f"rendered DOM over {max_bytes} bytes",
+                responses=document.chain,
+            )
         paused = job.paused
         if paused is not None:
             raise Throttled(

@@ -331,8 +331,10 @@ class Crawl:
             return None
         resources = polite_fetch(self.politeness(ctx), ctx.fetcher, scope=self.resource_scope)
         browser: Browser = ctx.app.shared(BROWSER)
-        user_agent = ctx.fetcher.settings.user_agent
-        return await browser.render(response, resources, user_agent=user_agent)
+        settings = ctx.fetcher.settings
+        return await browser.render(
+            response, resources, user_agent=settings.user_agent, max_bytes=settings.max_bytes
+        )
 
     async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
         """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to
