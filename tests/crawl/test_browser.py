@@ -350,6 +350,39 @@ async def test_fetch_calls_out_of_scope_or_to_refused_addresses_are_never_sent(
     only_crawlq_sent(net)
 
 
+async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts_set(
+    tmp_path: Path,
+) -> None:
+    """The document's Set-Cookie went into crawlq's session (and to Chromium); a cookie a
+    script sets goes along with it on the page's fetch(), sent by crawlq."""
+    script = (
+        "document.cookie = 'js=set-by-script; path=/';"
+        "fetch('/data.json').then(() => " + insert("<p id=done>done</p>")[:-1] + ");"
+    )
+    routes = {
+        "/": respond(
+            body=page_html("cookies", [], f"<script>{script}</script>"),
+            headers={"Set-Cookie": "session=from-server; Path=/"},
+        ),
+        "/data.json": respond(body="[]", content_type="application/json"),
+    }
+    async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            await ctx.render(url, wait_for="#done")
+
+        await app.aschedule(visit, net.url("a.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1
+    (data,) = [h for h in net.hits if h.path == "/data.json"]
+    assert data.cookies == {"session": "from-server", "js": "set-by-script"}
+    only_crawlq_sent(net)
+
+
 async def test_a_rendered_dom_over_the_size_cap_is_too_large_as_a_body_would_be(
     tmp_path: Path,
 ) -> None:

@@ -59,13 +59,13 @@ CHROMIUM_ENV = "CRAWLQ_CHROMIUM"
 MEDIA = frozenset({"image", "media", "font"})
 #: Requests a whole response cannot answer: aborted.
 STREAMS = frozenset({"websocket", "eventsource"})
-#: Headers of Chromium's requests the fetcher sets itself (its user agent, its compression,
-#: its session's cookies) or that belong to one connection.
+#: Headers of Chromium's requests the fetcher sets itself (its user agent, its compression)
+#: or that belong to one connection. Cookie goes on: aiohttp merges it with the session's
+#: cookies (the session's win), so cookies the page's scripts set are sent too.
 _OWN_HEADERS = frozenset(
     {
         "user-agent",
         "accept-encoding",
-        "cookie",
         "host",
         "connection",
         "keep-alive",
