@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's chromium if /usr/bin/chromium is missing. Idempotent.
-# The dashboard tests drive it with Playwright, which must never download a browser of its own.
+# The dashboard and browser-rendering tests drive it with Playwright, which must never download
+# a browser of its own.
 set -euo pipefail
 if [ -x /usr/bin/chromium ]; then
     echo "chromium already installed: $(/usr/bin/chromium --version 2>/dev/null || echo unknown)"
