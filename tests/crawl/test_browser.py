@@ -31,7 +31,7 @@ from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import DEFAULT_USER_AGENT
 from crawlq.crawl.store import WarcStore
-from crawlq.crawl.testing import Site, SyntheticWeb, respond
+from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
 from crawlq.crawl.testing.sites import page_html
 from crawlq.errors import ConfigError
 from crawlq.worker import Worker
@@ -380,6 +380,37 @@ async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts
     assert stats.done == 1
     (data,) = [h for h in net.hits if h.path == "/data.json"]
     assert data.cookies == {"session": "from-server", "js": "set-by-script"}
+    only_crawlq_sent(net)
+
+
+async def test_a_redirected_script_is_fetched_once_per_hop_and_runs_from_where_it_led(
+    tmp_path: Path,
+) -> None:
+    """crawlq follows the redirect itself (each hop checked) and answers Chromium with where
+    it led: each hop requested once, by crawlq (a redirect answer would have Chromium send
+    the next hop itself, past the interception)."""
+    script = insert("<a id=ran href=/page/1>ran</a>")
+    routes = {
+        "/": page("moved", '<script src="/old.js"></script>'),
+        "/old.js": redirect("/static/new.js", status=301),
+        "/static/new.js": respond(body=script, content_type=JS),
+    }
+    rendered: list[Rendered] = []
+    async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            rendered.append(await ctx.render(url, wait_for="#ran"))
+
+        await app.aschedule(visit, net.url("a.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1
+    assert sorted(h.path for h in net.hits) == ["/", "/old.js", "/robots.txt", "/static/new.js"]
+    scripts = [(r.url.split("/", 3)[3], r.status) for r in rendered[0].resources[1:]]
+    assert scripts == [("old.js", 200)]
     only_crawlq_sent(net)
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 import time
 import weakref
@@ -42,8 +43,8 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError, CrawlqError
 from ..grouping import url_host
 from .errors import FetchError, Reason, Throttled
+from .redact import redact_url
 from .response import Response
-from .urls import canonicalize
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser as Chromium
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 
     from .fetcher import Fetcher
     from .politeness import Politeness
+
+log = logging.getLogger("crawlq.crawl")
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 #: The environment variable the command line reads the Chromium path from.
@@ -441,7 +444,6 @@ class _Render:
         self.paused: Throttled | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._own = asyncio.Lock()  # the page's own host: this render's turns
-        self._redirected: dict[str, Response] = {}  # where a redirect led, not yet asked for
 
     async def route(self, route: Route) -> None:
         # A fresh context: nothing of whatever task Playwright dispatches from (a send slot
@@ -462,8 +464,23 @@ class _Render:
             await asyncio.wait(tasks)
 
     async def _answer(self, route: Route) -> None:
+        """Answers one request of the page; nothing it meets ends the render but the render
+        itself (a page closed meanwhile, a bug in a fetch: aborted, noted and logged)."""
+        from playwright.async_api import Error
+
         request = route.request
         url, kind, method = request.url, request.resource_type, request.method
+        try:
+            await self._answer_with(route, url, kind, method)
+        except Error:
+            pass  # the page is gone: nothing to answer
+        except Exception as exc:
+            log.exception("answering %s for the browser failed", redact_url(url))
+            self._note(url, kind, method, error="failed", detail=f"{type(exc).__name__}: {exc}")
+            await _abort(route, "failed")
+
+    async def _answer_with(self, route: Route, url: str, kind: str, method: str) -> None:
+        request = route.request
         try:
             if not self._served and request.is_navigation_request():
                 self._served = True
@@ -519,35 +536,14 @@ class _Render:
         headers: Mapping[str, str],
         data: bytes | None,
     ) -> Response:
-        """crawlq's answer to one request: fetched, one at a time per host; a redirect's end
-        handed over when Chromium follows the redirect crawlq answered it with."""
-        key = canonicalize(url) or url
-        if method == "GET":
-            ahead = self._redirected.pop(key, None)
-            if ahead is not None:
-                return ahead
+        """crawlq's answer to one request, fetched one at a time per host. crawlq follows
+        the redirects itself (each hop checked as a page's are) and Chromium gets where they
+        led: it would send the request a redirect answer leads to itself, past the
+        interception (to the proxy that leads nowhere)."""
         host = _host(url)
         sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
         async with self._own if host == self.host else self.browser.host_lock(host):
-            response = await self.fetch(url, method, sent, data)
-        if not response.history:
-            return response
-        # crawlq followed the redirects: Chromium is told where they led (so the page, its
-        # scripts and their relative URLs see the right address) and gets the end from here.
-        end = _without_history(response)
-        self._redirected[canonicalize(end.url) or end.url] = end
-        first = response.history[0]
-        return Response(
-            url=url,
-            status=302,
-            reason="Found",
-            http_version=first.http_version,
-            headers=(("Location", end.url),),
-            raw=b"",
-            body=b"",
-            fetched_at=first.fetched_at,
-            elapsed=first.elapsed,
-        )
+            return await self.fetch(url, method, sent, data)
 
 
 class _Skipped(Exception):
@@ -580,20 +576,6 @@ async def _abort(route: Route, code: str) -> None:
 def _refuse_web_socket(socket: WebSocketRoute) -> Awaitable[None]:
     """A WebSocket is never connected (crawlq's fetcher speaks HTTP only): closed at once."""
     return socket.close(code=1008, reason="crawlq fetches no WebSockets")
-
-
-def _without_history(response: Response) -> Response:
-    return Response(
-        url=response.url,
-        status=response.status,
-        reason=response.reason,
-        http_version=response.http_version,
-        headers=response.headers,
-        raw=response.raw,
-        body=response.body,
-        fetched_at=response.fetched_at,
-        elapsed=response.elapsed,
-    )
 
 
 def _host(url: str) -> str:
