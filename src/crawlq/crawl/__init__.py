@@ -10,6 +10,7 @@ queue; links and scope; WARC storage with an index; and the crawl task of `crawl
     crawler.py     the crawl task; records.py, budget.py, progress.py its bookkeeping
 """
 
+from .browser import Browser, BrowserSettings, Rendered
 from .crawler import Crawl, CrawlSettings
 from .errors import FetchError, Reason, Throttled
 from .fetcher import Fetcher, Login, Session
@@ -21,6 +22,8 @@ from .store import ContentStore, WarcStore
 
 __all__ = [
     "Backoff",
+    "Browser",
+    "BrowserSettings",
     "ContentStore",
     "Crawl",
     "CrawlSettings",
@@ -30,6 +33,7 @@ __all__ = [
     "Login",
     "Politeness",
     "Reason",
+    "Rendered",
     "Response",
     "Scope",
     "Session",
