@@ -467,12 +467,13 @@ async def test_crawl_delay_rules_an_older_crawlq_stored_become_crawl_delays(
     assert after.limit == Limit(concurrency=2, interval=3.0)
 
 
-async def test_a_group_left_with_nothing_is_forgotten_once_its_interval_and_block_are_past(
+async def test_a_group_left_with_nothing_is_forgotten_once_nothing_of_it_needs_keeping(
     redis_server: RedisServer,
 ) -> None:
     """A broad crawl meets millions of hosts, most of them once: what Redis keeps of a host's
-    group (its hash, number and send reservation, ~280 bytes) goes once nothing of it needs
-    keeping, and the group comes back resolved afresh with work."""
+    group (its hash, number and send reservation, ~280 bytes) goes once its block is past,
+    and its interval, at least RETIRE_AFTER (60 s), since its last start and its last send
+    reservation. The group comes back resolved afresh with work."""
     clock = ManualClock()
     backend = open_backend(f"{redis_server.url}?namespace=retired", clock=clock)
     await backend.open()
@@ -480,6 +481,9 @@ async def test_a_group_left_with_nothing_is_forgotten_once_its_interval_and_bloc
 
     def kept() -> set[str]:
         return {name.decode() for name in client.hvals("{retired}:gn")}
+
+    def sent() -> set[str]:
+        return {name.decode() for name in client.hkeys("{retired}:sent")}
 
     async def run_one(host: str) -> None:  # in a queue of its own: only `host` is claimed
         await schedule(backend, "logins", [url(host)])
@@ -489,38 +493,63 @@ async def test_a_group_left_with_nothing_is_forgotten_once_its_interval_and_bloc
         await backend.ensure_queues([config("pages"), config("logins")])
         slow = LimitRule(pattern="slow.test", limit=Limit(concurrency=1, interval=10))
         await backend.set_limits([slow])
-        await schedule(
-            backend, "pages", [url(h) for h in ("fast.test", "slow.test", "paused.test")]
-        )
+        hosts = ("fast.test", "slow.test", "paused.test")
+        await schedule(backend, "pages", [url(host) for host in hosts])
         running = await claim(backend)
-        await backend.reserve_send_slot("slow.test", 10.0, 0.0)
-        await backend.block_group("paused.test", clock() + 60, "429 Retry-After 60")
+        await backend.reserve_send_slot("slow.test", 10.0, 5.0)  # a request paced ahead
+        await backend.reserve_send_slot("cdn.test", 2.0)  # a host with no element
+        await backend.block_group("paused.test", clock() + 120, "429 Retry-After 120")
+        await backend.block_group("hop.test", clock() + 5, "429")  # no element either
         await backend.ack(running)
-        assert kept() == {"slow.test", "paused.test"}  # fast.test had nothing left to keep
-        assert client.hexists("{retired}:sent", "slow.test")
+        assert kept() == {"fast.test", "slow.test", "paused.test", "hop.test"}
+        assert sent() == {"slow.test", "cdn.test"}
 
-        clock.advance(10.5)  # slow.test's interval is past, not its send reservation's margin
+        clock.advance(60.5)
         await run_one("other.test")
-        assert kept() == {"slow.test", "paused.test"}
-        clock.advance(1)
+        assert kept() == {"slow.test", "paused.test", "other.test"}  # slow.test: its send
+        assert sent() == {"slow.test"}
+        clock.advance(6)
         await run_one("other.test")
-        assert kept() == {"paused.test"}
-        assert not client.hexists("{retired}:sent", "slow.test")
+        assert kept() == {"paused.test", "other.test"}
+        assert sent() == set()
         assert await backend.group_stats("slow.test", include_idle=True) == []
 
         await schedule(backend, "pages", [url("paused.test", 2)])  # work again, still paused
         clock.advance(60)
-        await run_one("other.test")
-        assert kept() == {"paused.test"}  # it has work: kept
+        await run_one("another.test")
+        assert "paused.test" in kept()  # it has work: kept
         await run_one("slow.test")  # back, with its rule
         (group,) = await backend.group_stats("slow.test", include_idle=True)
         assert group.limit == slow.limit
-        assert kept() == {"paused.test", "slow.test"}
-        await backend.ack(await claim(backend))
-        assert kept() == {"slow.test"}  # paused.test's block is past: retired as it emptied
+        await backend.ack(await claim(backend))  # paused.test's page
+        clock.advance(61)
+        await run_one("another.test")
+        assert kept() == {"another.test"}
         assert await backend.check() == []
     finally:
         client.close()
+        await backend.close()
+
+
+async def test_an_interval_raised_after_a_group_emptied_counts_from_its_last_start(
+    redis_server: RedisServer,
+) -> None:
+    """As on SQLite: a Crawl-delay or a rule raised after a host's last page was done still
+    spaces its next page from that page's start, though the group had nothing left."""
+    clock = ManualClock()
+    backend = open_backend(f"{redis_server.url}?namespace=raised", clock=clock)
+    await backend.open()
+    try:
+        await backend.ensure_queues([config("pages")])
+        await schedule(backend, "pages", [url("h.test", 1)])
+        await backend.ack(await claim(backend))
+        clock.advance(5)
+        await backend.raise_crawl_delays({"h.test": 30.0})
+        await schedule(backend, "pages", [url("h.test", 2)])
+        assert await claim(backend) == []
+        clock.advance(25)
+        assert len(await claim(backend)) == 1
+    finally:
         await backend.close()
 
 
@@ -641,8 +670,8 @@ async def test_limit_rules_match_in_lua_as_fnmatch_does(redis_server: RedisServe
     await backend.open()
     try:
         await backend.set_limits(rules)
-        for group in groups:
-            await backend.block_group(group, None, None)  # makes the group known
+        for group in groups:  # makes the group known (a group with nothing is kept while blocked)
+            await backend.block_group(group, backend.now() + 3600, None)
         stored = {g.name: g.limit for g in await backend.group_stats(limit=1000, include_idle=True)}
         all_rules = await backend.limits()
         for group in groups:

@@ -222,9 +222,8 @@ def test_sigkill_of_a_polite_group_slot_is_freed_after_the_lease(env: Env) -> No
     rescuer = env.worker("--burst")
     output = finish(rescuer)
     assert rescuer.returncode == 0, output
-    left = [(group.running, group.queued) for group in polite_groups(env.url)]
-    # SQLite keeps an idle group; Redis forgets one that has nothing left to enforce.
-    assert left == ([] if env.url.startswith("redis") else [(0, 0)])
+    (group,) = polite_groups(env.url)
+    assert (group.running, group.queued) == (0, 0)
 
 
 def test_sigterm_returns_unfinished_work_at_once(env: Env) -> None:

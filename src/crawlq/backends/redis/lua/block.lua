@@ -16,5 +16,6 @@ else
 end
 settle({}, {[group] = true})
 flush()
+retire(group)  -- a group blocked with nothing queued (a redirect's host) goes when it can
 wake()
 return 1

@@ -206,6 +206,7 @@ while #result - 2 < limit do
 end
 
 flush()
+if #result == 2 then retire_due(RETIRE_QUIET) end  -- a quiet moment: idle groups whose time came
 
 -- 5. nothing more to take: say when something may be
 if #result - 2 < limit then

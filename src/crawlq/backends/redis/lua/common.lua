@@ -26,8 +26,9 @@
 --                              w how many queues have its row waiting (in their fw)
 --   P leases            zset   "<#q>:<q><field>" by lease expiry, every queue
 --   P sent              hash   group -> the time reserved for its latest request (reserve_send)
---   P idle              zset   groups left with nothing queued or running, by when nothing of
---                              them needs keeping (`retire`)
+--   P idle              zset   groups left with nothing queued or running (and send
+--                              reservations of hosts without a group), by when nothing of them
+--                              needs keeping (`retire`)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake:<q>          pubsub channel: something became claimable in queue <q>, or due sooner
@@ -60,11 +61,16 @@
 -- Per call, set by `begin`: the key prefix and the time of the call.
 local P, NOW
 local NEVER = 1e300
--- Seconds a group's send reservation is kept beyond its interval once the group is idle: a
--- request is paced a gap (the interval and a few ms) after the latest reservation.
-local SEND_KEPT = 1
--- Idle groups a settle call retires at most (`retire_due`).
+-- Seconds an idle group is kept at least after its last start and its last send reservation:
+-- an interval raised meanwhile (an operator's rule, a Crawl-delay) still counts from them, as
+-- it does on SQLite, and so does a gap longer than the interval asked of reserve_send.
+local RETIRE_AFTER = 60
+-- Idle groups whose time came that a call retires at most (`retire_due`): a settle call this
+-- many and two more for each element it settles (each may have emptied a group), so the idle
+-- set drains faster than it fills; a claim that found nothing to take (a quiet moment, every
+-- MAX_IDLE at least for an idle worker) RETIRE_QUIET.
 local RETIRE_EACH = 16
+local RETIRE_QUIET = 256
 local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- REC: the fields of an element record, a msgpack array (false where SQL has NULL). Stored
 -- compactly (`encode`): GROUP as the group's number, KEY without the group's name where it holds
@@ -372,22 +378,27 @@ end
 local emptied
 
 -- A group left with nothing queued or running is forgotten (its hash, number and send
--- reservation) once nothing of it needs keeping: its block and its interval since its last
--- start or send are past. Until then it waits in P idle (`retire_due`). A crawl meets millions
+-- reservation) once nothing of it needs keeping: its block is past, and its interval, at
+-- least RETIRE_AFTER, since its last start and its last send reservation. Until then it waits
+-- in P idle (`retire_due`). A crawl meets millions
 -- of hosts once each: kept, each cost Redis ~280 bytes for good. Rules and Crawl-delays stay:
 -- the group is resolved again if work for it comes back.
 local function retire(group)
     local key = gkey(group)
     local g = redis.call('HMGET', key, 'id', 'q', 'r', 'w', 'i', 'ls', 'bu')
-    if not g[1] or (tonumber(g[2]) or 0) + (tonumber(g[3]) or 0) + (tonumber(g[4]) or 0) > 0 then
+    if not g[1] then  -- no group: the send reservation of a host without elements, due
+        redis.call('HDEL', P .. 'sent', group)
         return
     end
+    if (tonumber(g[2]) or 0) + (tonumber(g[3]) or 0) + (tonumber(g[4]) or 0) > 0 then return end
     local interval = tonumber(g[5]) or 0
     local sent = tonumber(redis.call('HGET', P .. 'sent', group))
-    local free_at = math.max((tonumber(g[6]) or 0) + interval, tonumber(g[7]) or 0,
-                             sent and sent + interval + SEND_KEPT or 0)
+    local kept_for = math.max(interval, RETIRE_AFTER)
+    local started = tonumber(g[6])
+    local free_at = math.max(started and started + kept_for or 0, tonumber(g[7]) or 0,
+                             sent and sent + kept_for or 0)
     if free_at > NOW then
-        redis.call('ZADD', P .. 'idle', fmt(free_at), group)
+        redis.call('ZADD', P .. 'idle', 'GT', fmt(free_at), group)
         return
     end
     redis.call('DEL', key)

@@ -21,5 +21,10 @@ else
 end
 if kept or not max_wait or at - NOW <= max_wait then
     redis.call('HSET', P .. 'sent', group, fmt(at))
+    -- A host without elements (a redirect's, a rendered page's resource): its reservation goes
+    -- once it no longer counts (`retire`).
+    if redis.call('EXISTS', gkey(group)) == 0 then
+        redis.call('ZADD', P .. 'idle', 'GT', fmt(at + math.max(gap, RETIRE_AFTER)), group)
+    end
 end
 return {fmt(at), fmt(at - NOW), kept and 1 or 0}

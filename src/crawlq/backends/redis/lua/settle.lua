@@ -37,6 +37,6 @@ for i = 2, #args do
 end
 settle(touched, gates, true)
 flush()
-retire_due(RETIRE_EACH)
+retire_due(RETIRE_EACH + 2 * (#args - 1))
 wake()
 return 1
