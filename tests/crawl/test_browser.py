@@ -29,12 +29,13 @@ from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
-from crawlq.crawl.settings import DEFAULT_USER_AGENT
+from crawlq.crawl.settings import DEFAULT_USER_AGENT, FetchSettings
 from crawlq.crawl.store import WarcStore
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
 from crawlq.crawl.testing.sites import page_html
 from crawlq.errors import ConfigError
-from crawlq.worker import Worker
+from crawlq.grouping import url_host
+from crawlq.worker import Worker, WorkerStats
 
 from .conftest import crawl_settings, fetch_settings
 
@@ -60,6 +61,32 @@ def page(title: str, scripts: str = "") -> Any:
 
 def records_by_path(out: Path) -> dict[str, dict[str, Any]]:
     return {str(r["url"]).split("/", 3)[3]: r for r in read_records(out / PAGES_FILE)}
+
+
+async def render_in_a_task(
+    tmp_path: Path,
+    fetch: FetchSettings,
+    url: str,
+    *,
+    wait_for: str,
+    limit: dict[str, Any] | None = None,
+) -> tuple[WorkerStats, list[Rendered]]:
+    """A task that renders `url` once (`ctx.render`, one attempt), run by a burst worker;
+    the worker's stats and what the task rendered. `limit`: `App.limit` for `url`'s host."""
+    rendered: list[Rendered] = []
+    app = App(f"sqlite:///{tmp_path / 'q.db'}")
+    if limit is not None:
+        app.limit(url_host(url), **limit)
+    app.provide("crawlq.fetcher", lambda: Fetcher(fetch))
+
+    @app.task(retry=Retry(max_attempts=1))
+    async def visit(ctx: Context, url: str) -> None:
+        rendered.append(await ctx.render(url, wait_for=wait_for))
+
+    await app.aschedule(visit, url)
+    stats = await Worker(app, burst=True).run()
+    await app.aclose()
+    return stats, rendered
 
 
 def only_crawlq_sent(net: SyntheticWeb) -> None:
@@ -128,18 +155,10 @@ async def test_a_script_robots_txt_disallows_is_never_requested_and_the_page_ren
             body=insert("<a id=private href=/page/2>x</a>"), content_type=JS
         ),
     }
-    rendered: list[Rendered] = []
     async with SyntheticWeb([Site(name="a.test", robots=robots, routes=routes)]) as net:
-        app = App(f"sqlite:///{tmp_path / 'q.db'}")
-        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
-
-        @app.task(retry=Retry(max_attempts=1))
-        async def visit(ctx: Context, url: str) -> None:
-            rendered.append(await ctx.render(url, wait_for="#inline"))
-
-        await app.aschedule(visit, net.url("a.test", "/"))
-        stats = await Worker(app, burst=True).run()
-        await app.aclose()
+        stats, rendered = await render_in_a_task(
+            tmp_path, fetch_settings(net), net.url("a.test", "/"), wait_for="#inline"
+        )
     assert stats.done == 1
     (result,) = rendered
     assert result.html is not None and 'id="inline"' in result.html
@@ -241,19 +260,14 @@ async def test_a_hosts_long_interval_delays_a_pages_scripts_and_does_not_drop_th
         "/": page("slow", '<script src="/app.js"></script>'),
         "/app.js": respond(body=insert("<a id=late href=/page/1>1</a>"), content_type=JS),
     }
-    rendered: list[Rendered] = []
     async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
-        app = App(f"sqlite:///{tmp_path / 'q.db'}")
-        app.limit("a.test", concurrency=1, interval=4.0)
-        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net, robots=False)))
-
-        @app.task(retry=Retry(max_attempts=1))
-        async def visit(ctx: Context, url: str) -> None:
-            rendered.append(await ctx.render(url, wait_for="#late"))
-
-        await app.aschedule(visit, net.url("a.test", "/"))
-        stats = await Worker(app, burst=True).run()
-        await app.aclose()
+        stats, rendered = await render_in_a_task(
+            tmp_path,
+            fetch_settings(net, robots=False),
+            net.url("a.test", "/"),
+            wait_for="#late",
+            limit={"concurrency": 1, "interval": 4.0},
+        )
     assert stats.done == 1 and 'id="late"' in str(rendered[0].html)
     first, second = net.hits_for("a.test")
     assert (first.path, second.path) == ("/", "/app.js")
@@ -367,16 +381,9 @@ async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts
         "/data.json": respond(body="[]", content_type="application/json"),
     }
     async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
-        app = App(f"sqlite:///{tmp_path / 'q.db'}")
-        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
-
-        @app.task(retry=Retry(max_attempts=1))
-        async def visit(ctx: Context, url: str) -> None:
-            await ctx.render(url, wait_for="#done")
-
-        await app.aschedule(visit, net.url("a.test", "/"))
-        stats = await Worker(app, burst=True).run()
-        await app.aclose()
+        stats, _ = await render_in_a_task(
+            tmp_path, fetch_settings(net), net.url("a.test", "/"), wait_for="#done"
+        )
     assert stats.done == 1
     (data,) = [h for h in net.hits if h.path == "/data.json"]
     assert data.cookies == {"session": "from-server", "js": "set-by-script"}
@@ -395,18 +402,10 @@ async def test_a_redirected_script_is_fetched_once_per_hop_and_runs_from_where_i
         "/old.js": redirect("/static/new.js", status=301),
         "/static/new.js": respond(body=script, content_type=JS),
     }
-    rendered: list[Rendered] = []
     async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
-        app = App(f"sqlite:///{tmp_path / 'q.db'}")
-        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
-
-        @app.task(retry=Retry(max_attempts=1))
-        async def visit(ctx: Context, url: str) -> None:
-            rendered.append(await ctx.render(url, wait_for="#ran"))
-
-        await app.aschedule(visit, net.url("a.test", "/"))
-        stats = await Worker(app, burst=True).run()
-        await app.aclose()
+        stats, rendered = await render_in_a_task(
+            tmp_path, fetch_settings(net), net.url("a.test", "/"), wait_for="#ran"
+        )
     assert stats.done == 1
     assert sorted(h.path for h in net.hits) == ["/", "/old.js", "/robots.txt", "/static/new.js"]
     scripts = [(r.url.split("/", 3)[3], r.status) for r in rendered[0].resources[1:]]
