@@ -23,10 +23,6 @@ def lease_of(leases: Leases, queue: str) -> float:
     return leases[queue] if isinstance(leases, Mapping) else leases
 
 
-def longest_lease(leases: Leases) -> float:
-    return max(leases.values(), default=0.0) if isinstance(leases, Mapping) else leases
-
-
 class Mode(Enum):
     """What `schedule` does when the element is already queued."""
 
