@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,22 @@ def test_records_read_back_with_valid_digests(tmp_path: Path) -> None:
     for record in records:
         record.content_stream().read()
         assert record.digest_checker.passed is not False
+
+
+@pytest.mark.parametrize("size", [0, 100, 600, 3_000, 20_000, 70_000])
+def test_a_record_of_any_size_is_one_gzip_member_that_inflates_to_it(
+    tmp_path: Path, size: int
+) -> None:
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    response = replace(RESPONSES[0], raw=body, body=body)
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    ref = writer.write(response)
+    writer.close()
+    with open(tmp_path / ref.file, "rb") as file:
+        file.seek(ref.offset)
+        member = file.read(ref.length)
+    assert gzip.decompress(member).startswith(b"WARC/1.0\r\n")
+    assert read_record(tmp_path, ref).raw == body
 
 
 URLS = [

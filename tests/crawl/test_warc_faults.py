@@ -40,6 +40,7 @@ class Disk:
 
     def __init__(self) -> None:
         self.full = False  # a write stores half its bytes, the next one fails with ENOSPC
+        self.room: int | None = None  # how long a file may grow: a write stores what fits
         self.failing_closes = 0  # this many closes fail (after closing the file) with EIO
 
     def open(self, path: Path, mode: str, **_: Any) -> DiskFile:
@@ -53,6 +54,11 @@ class DiskFile(io.FileIO):
         self.torn = False
 
     def write(self, data: ReadableBuffer, /) -> int:
+        if self.disk.room is not None:
+            view = memoryview(data)[: max(self.disk.room - self.tell(), 0)]
+            if not view:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(view)
         if not self.disk.full:
             return super().write(data)
         if self.torn:
@@ -138,3 +144,52 @@ def test_a_failed_write_that_cannot_be_cut_back_moves_on_to_a_new_file(
     assert third.file != first.file
     assert urls_in(tmp_path / third.file) == ["warcinfo", "http://site.test/page/3"]
     assert read_record(tmp_path, first).url == "http://site.test/page/1"
+
+
+def test_a_batch_the_disk_has_no_room_for_keeps_the_records_that_fit(
+    tmp_path: Path, disk: Disk
+) -> None:
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    first = writer.write(page(1))
+    disk.room = first.offset + first.length * 7 // 2  # two more records and half of a third
+    refs = writer.write_many([page(2), page(3), page(4)])
+    disk.room = None
+    fifth = writer.write(page(5))
+    writer.close()
+
+    assert [type(ref) for ref in refs] == [warc.RecordRef, warc.RecordRef, OSError]
+    assert urls_in(tmp_path / first.file) == [
+        "warcinfo",
+        *(f"http://site.test/page/{n}" for n in (1, 2, 3, 5)),
+    ]
+    written = [ref for ref in refs if isinstance(ref, warc.RecordRef)]
+    assert [read_record(tmp_path, ref).url for ref in (*written, fifth)] == [
+        "http://site.test/page/2",
+        "http://site.test/page/3",
+        "http://site.test/page/5",
+    ]
+
+
+def test_a_batch_rotates_files_where_records_alone_would(tmp_path: Path) -> None:
+    probe = RotatingWarcWriter(tmp_path / "probe", max_file_bytes=1 << 20)
+    size = probe.write(page(0)).length
+    probe.close()
+    alone = RotatingWarcWriter(tmp_path / "alone", max_file_bytes=3 * size)
+    batched = RotatingWarcWriter(tmp_path / "batched", max_file_bytes=3 * size)
+    one_by_one = [alone.write(page(n)) for n in range(7)]
+    together = batched.write_many([page(n) for n in range(7)])
+    alone.close()
+    batched.close()
+
+    def files(directory: Path) -> list[list[str]]:
+        return [urls_in(path) for path in sorted(directory.glob("*.warc.gz"))]
+
+    assert len(files(tmp_path / "alone")) == 3
+    assert files(tmp_path / "batched") == files(tmp_path / "alone")
+    # Files are named <prefix>-<run>-<n>.warc.gz: the two writers' runs may differ.
+    assert [ref.file[-13:] for ref in together if isinstance(ref, warc.RecordRef)] == [
+        ref.file[-13:] for ref in one_by_one
+    ]
+    for n, ref in enumerate(together):
+        assert isinstance(ref, warc.RecordRef)
+        assert read_record(tmp_path / "batched", ref).url == f"http://site.test/page/{n}"

@@ -134,11 +134,9 @@ class WarcStore:
     def _put_many(self, items: list[Response | Rendition]) -> list[RecordRef | BaseException]:
         """Writes the batch; a record that cannot be written fails alone."""
         refs: list[RecordRef | BaseException] = []
-        for item in items:
-            try:
-                ref = self._writer.write(item)
-            except (ValueError, UnicodeError, OSError) as exc:  # OSError: a full disk, say
-                refs.append(exc)
+        for item, ref in zip(items, self._writer.write_many(items), strict=True):
+            if isinstance(ref, Exception):  # OSError: a full disk, say
+                refs.append(ref)
                 continue
             url = redact_url(item.url)
             if isinstance(item, Rendition):

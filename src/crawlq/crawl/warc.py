@@ -20,11 +20,13 @@ import os
 import time
 import uuid
 import zlib
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from io import BytesIO, FileIO
 from pathlib import Path
+from typing import Any
 
 from warcio.archiveiterator import ArchiveIterator
 from warcio.warcwriter import WARCWriter
@@ -38,7 +40,6 @@ DEFAULT_FILE_BYTES = 1 << 30
 #: times less CPU on big pages.
 DEFAULT_COMPRESS_LEVEL = 6
 WARC_VERSION = "WARC/1.0"
-_GZIP_WBITS = zlib.MAX_WBITS + 16  # a gzip member per record
 _DROPPED = frozenset({"transfer-encoding"})
 #: A stored body is inflated up to this size when read back.
 MAX_STORED_BODY = 1 << 30
@@ -208,22 +209,70 @@ class RotatingWarcWriter:
 
     def write(self, item: Response | Rendition) -> RecordRef:
         """Appends one record, whole, or raises and leaves the file as it was."""
-        file = self._open()
-        compressor = zlib.compressobj(self.compress_level, zlib.DEFLATED, _GZIP_WBITS)
+        result = self.write_many([item])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def write_many(self, items: Sequence[Response | Rendition]) -> list[RecordRef | Exception]:
+        """Appends the records of `items`, each whole or not at all, in one write a file (a
+        system call a record cost the writing thread as much as building it). A record that
+        cannot be built or written fails alone: a batch whose write fails is cut back off and
+        written again one record at a time."""
+        results: list[RecordRef | Exception | None] = [None] * len(items)
+        run: list[tuple[int, bytes]] = []  # (index, gzip member): what the next write holds
+        end = 0  # where the run ends in the open file
+        for index, item in enumerate(items):
+            try:
+                member = self._member(item)
+            except (ValueError, UnicodeError) as exc:
+                results[index] = exc
+                continue
+            if not run:
+                end = self._open().tell()
+            run.append((index, member))
+            end += len(member)
+            if end >= self.max_file_bytes:  # the record that fills the file closes it
+                self._write_run(run, results)
+                run = []
+        if run:
+            self._write_run(run, results)
+        return [result for result in results if result is not None]
+
+    def _member(self, item: Response | Rendition) -> bytes:
+        """The record of `item`, as one gzip member. A small record is compressed with a window
+        and hash table its size (the same bytes out): setting up zlib's default ones cost more
+        than compressing a small page."""
         record = conversion_record(item) if isinstance(item, Rendition) else response_record(item)
-        member = compressor.compress(record)
-        member += compressor.flush()
+        window = min(max(len(record).bit_length(), 9), zlib.MAX_WBITS)
+        compressor = zlib.compressobj(
+            self.compress_level, zlib.DEFLATED, window + 16, min(window - 6, 8)
+        )
+        return compressor.compress(record) + compressor.flush()
+
+    def _write_run(self, run: list[tuple[int, bytes]], results: list[Any]) -> None:
+        file = self._open()
         try:
-            offset = _append(file, member)
-        except _Torn:
-            with suppress(OSError):
-                self.close()  # the next record starts a new file
-            raise
+            offset = _append(file, b"".join(member for _, member in run))
+        except OSError as exc:
+            if isinstance(exc, _Torn):
+                with suppress(OSError):
+                    self.close()  # the next record starts a new file
+            if len(run) == 1:
+                results[run[0][0]] = exc
+                return
+            for one in run:  # only the records that cannot be written fail
+                self._write_run([one], results)
+            return
         self._unsynced = True
-        ref = RecordRef(file=self._name, offset=offset, length=len(member))
-        if offset + len(member) >= self.max_file_bytes:
-            self.close()
-        return ref
+        for index, member in run:
+            results[index] = RecordRef(file=self._name, offset=offset, length=len(member))
+            offset += len(member)
+        if offset >= self.max_file_bytes:
+            try:
+                self.close()
+            except OSError as exc:  # as a write alone did: its record fails
+                results[run[-1][0]] = exc
 
     def sync(self) -> None:
         """Puts every record written since the last call on disk, or raises: then some may not
