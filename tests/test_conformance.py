@@ -442,6 +442,10 @@ async def test_a_crawl_delay_is_a_floor_under_whatever_rule_gives_the_group_its_
     await schedule(backend, "pages", [url("new.example.test")])
     assert await group_limit(backend, "new.example.test") == limit(8, 2)
     assert await backend.crawl_delays() == {"new.example.test": 2.0, "www.example.test": 3.0}
+    assert await backend.crawl_delays(["www.example.test", "other.example.test"]) == {
+        "www.example.test": 3.0
+    }
+    assert await backend.crawl_delays([]) == {}
     assert {r.pattern for r in await backend.limits()} == {"*", "www.example.test"}
 
     # A host whose name holds a wildcard character is a group like any other.

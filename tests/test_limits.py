@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -53,26 +54,37 @@ def test_an_exact_rule_beats_the_globs_that_match_its_group() -> None:
 async def test_a_crawler_reads_the_rules_once_for_every_task_that_asks_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """And the stored Crawl-delays of just the groups asked for, in one call: a broad crawl
+    stores one for every host whose robots.txt asks, too many for every worker to read all."""
     backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
     await backend.open()
     try:
         await backend.set_limits([LimitRule(pattern="slow.test", limit=Limit(interval=2.0))])
+        await backend.raise_crawl_delays({"h7.test": 3.0, "elsewhere.test": 9.0})
         reads = 0
-        limits = backend.limits
+        delay_reads: list[set[str] | None] = []
+        limits, crawl_delays = backend.limits, backend.crawl_delays
 
         async def counted() -> list[LimitRule]:
             nonlocal reads
             reads += 1
             return await limits()
 
+        async def counted_delays(groups: Collection[str] | None = None) -> dict[str, float]:
+            delay_reads.append(None if groups is None else set(groups))
+            return await crawl_delays(groups)
+
         monkeypatch.setattr(backend, "limits", counted)
+        monkeypatch.setattr(backend, "crawl_delays", counted_delays)
         politeness = Politeness(backend)
         hosts = [f"h{n}.test" for n in range(50)] + ["slow.test"]
         intervals = await asyncio.gather(*(politeness.interval(h) for h in hosts))
+        again = await asyncio.gather(*(politeness.interval(h) for h in hosts))
     finally:
         await backend.close()
     assert reads == 1  # as at a crawl's start, when every task asks at once
-    assert intervals == [0.0] * 50 + [2.0]
+    assert delay_reads == [set(hosts)]
+    assert intervals == again == [0.0] * 7 + [3.0] + [0.0] * 42 + [2.0]
 
 
 async def test_a_worker_paces_by_the_crawl_delay_another_worker_read(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ Times are seconds since the epoch from the backend's clock, so tests can drive i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from ..types import (
@@ -98,8 +98,9 @@ class Backend(Protocol):
         """Removes the rule for `pattern`, and the Crawl-delay of a group so named; whether
         there was either."""
 
-    async def crawl_delays(self) -> dict[str, float]:
-        """Each group's Crawl-delay (`raise_crawl_delays`), by name."""
+    async def crawl_delays(self, groups: Collection[str] | None = None) -> dict[str, float]:
+        """Each group's Crawl-delay (`raise_crawl_delays`), by name: of every group, or of
+        those of `groups` that have one."""
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         """Each named group's interval is at least its delay from now on, whatever rule gives

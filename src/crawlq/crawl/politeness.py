@@ -223,7 +223,11 @@ class Politeness:
         self._block_reasons: dict[str, str] = {}
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}  # the Crawl-delays this worker read
-        self._stored_delays: dict[str, float] = {}  # everyone's, as last read with the rules
+        # Any worker's, of the groups asked since the rules were last read: a broad crawl
+        # stores one for every host whose robots.txt asks, too many to read them all.
+        self._stored_delays: dict[str, float] = {}
+        self._asked: dict[str, asyncio.Future[float]] = {}  # to read in the next lookup
+        self._lookups: set[asyncio.Future[None]] = set()
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
@@ -238,19 +242,50 @@ class Politeness:
 
     async def interval(self, group: str) -> float:
         """The group's interval: its limit rule, or its Crawl-delay (any worker's, read again
-        with the rules every LIMITS_TTL seconds, or this worker's), whichever is longer. A
+        after the rules, every LIMITS_TTL seconds, or this worker's), whichever is longer. A
         worker meeting a host after another read its robots.txt paces even its own robots.txt
         request by the Crawl-delay."""
         rules = await self._rules()
         interval = self._intervals.get(group)
         if interval is None:
-            interval = max(
-                rules.resolve(group).interval,
-                self._stored_delays.get(group, 0.0),
-                self._delays.get(group, 0.0),
-            )
+            stored = self._stored_delays.get(group)
+            if stored is None:
+                stored = await self._stored_delay(group)
+            interval = max(rules.resolve(group).interval, stored, self._delays.get(group, 0.0))
             self._intervals[group] = interval
         return interval
+
+    async def _stored_delay(self, group: str) -> float:
+        """The group's Crawl-delay as any worker stored it (0 if none), read with those of
+        every other group asked for in the same loop turn, in one call."""
+        future = self._asked.get(group)
+        if future is None:
+            if not self._asked:
+                asyncio.get_running_loop().call_soon(self._look_up)
+            future = self._asked[group] = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(future)
+
+    def _look_up(self) -> None:
+        asked, self._asked = self._asked, {}
+        lookup = asyncio.ensure_future(self._read_stored_delays(asked))
+        self._lookups.add(lookup)
+        lookup.add_done_callback(self._lookups.discard)
+
+    async def _read_stored_delays(self, asked: dict[str, asyncio.Future[float]]) -> None:
+        try:
+            found = await self.backend.crawl_delays(list(asked))
+        except BaseException as exc:
+            for future in asked.values():
+                if not future.done():
+                    future.set_exception(exc)
+                    future.exception()  # each asker raises it; none left to log it unread
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for group, future in asked.items():
+            seconds = self._stored_delays[group] = found.get(group, 0.0)
+            if not future.done():
+                future.set_result(seconds)
 
     async def _rules(self) -> RuleIndex:
         """The limit rules, read again every LIMITS_TTL seconds, once for all the tasks that
@@ -264,13 +299,10 @@ class Politeness:
 
     async def _read_rules(self) -> RuleIndex:
         try:
-            rules, self._stored_delays = (
-                await self.backend.limits(),
-                await self.backend.crawl_delays(),
-            )
-            self._limits = RuleIndex(rules)
+            self._limits = RuleIndex(await self.backend.limits())
             self._limits_read = time.monotonic()
             self._intervals.clear()
+            self._stored_delays.clear()
             return self._limits
         finally:
             self._reading = None

@@ -10,7 +10,7 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -529,9 +529,19 @@ class RedisBackend:
     async def delete_limit(self, pattern: str) -> bool:
         return bool(await self._run("limits", [pattern]))
 
-    async def crawl_delays(self) -> dict[str, float]:
-        stored = await self._call(lambda: self.client.hgetall(self.prefix + "cd"))
-        return {name.decode(): float(seconds) for name, seconds in sorted(stored.items())}
+    async def crawl_delays(self, groups: Collection[str] | None = None) -> dict[str, float]:
+        if groups is None:
+            stored = await self._call(lambda: self.client.hgetall(self.prefix + "cd"))
+            return {name.decode(): float(seconds) for name, seconds in sorted(stored.items())}
+        names = list(groups)
+        if not names:
+            return {}
+        found = await self._call(lambda: self.client.hmget(self.prefix + "cd", names))
+        return {
+            name: float(seconds)
+            for name, seconds in zip(names, found, strict=True)
+            if seconds is not None
+        }
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         checked = checked_crawl_delays(delays)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -212,8 +212,8 @@ class SQLiteBackend:
     async def delete_limit(self, pattern: str) -> bool:
         return await self._woken(functools.partial(self.engine.set_limits, (), pattern))
 
-    async def crawl_delays(self) -> dict[str, float]:
-        return await self._call(self.engine.crawl_delays)
+    async def crawl_delays(self, groups: Collection[str] | None = None) -> dict[str, float]:
+        return await self._call(self.engine.crawl_delays, groups)
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         checked = checked_crawl_delays(delays)

@@ -8,7 +8,7 @@ running count, start time, limits or block change.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
@@ -608,8 +608,15 @@ class Engine:
             patterns = [rule.pattern for rule in rules] + ([delete] if delete else [])
             return deleted, self._follow_limits(patterns, now)
 
-    def crawl_delays(self) -> dict[str, float]:
-        return dict(self.store.run("crawl_delays_all"))
+    def crawl_delays(self, groups: Collection[str] | None = None) -> dict[str, float]:
+        if groups is None:
+            return dict(self.store.run("crawl_delays_all"))
+        found = {}
+        for name in groups:
+            row = self.store.run("crawl_delay_get", {"name": name}).fetchone()
+            if row is not None:
+                found[name] = row[0]
+        return found
 
     def raise_crawl_delays(self, delays: Mapping[str, float]) -> list[str]:
         """Backend.raise_crawl_delays; the addresses to wake."""
