@@ -632,6 +632,25 @@ async def test_dead_letters_can_be_listed_requeued_and_purged(
         await backend.dead_letters("nope")
 
 
+async def test_dead_letters_that_died_at_once_are_listed_and_requeued_by_key(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """Newest first in the list, oldest first back in the queue; those that died at the same
+    time (one batch of failures) by key."""
+    await schedule(backend, "jobs", ["c", "a", "b"])
+    for claimed in await claim(backend, "jobs", limit=3):
+        await backend.fail([Failure(element=claimed, error="gone")])
+    clock.advance(1)
+    await schedule(backend, "jobs", ["first"])
+    (claimed,) = await claim(backend, "jobs")
+    await backend.fail([Failure(element=claimed, error="gone")])
+    letters = await backend.dead_letters("jobs")
+    assert [d.key for d in letters] == ['"first"', '"c"', '"b"', '"a"']
+    assert await backend.requeue_dead("jobs") == 4
+    again = await claim(backend, "jobs", limit=4)
+    assert [c.key for c in again] == ['"a"', '"b"', '"c"', '"first"']
+
+
 async def test_a_requeued_dead_letter_keeps_its_priority(
     backend: Backend, clock: ManualClock
 ) -> None:

@@ -824,9 +824,13 @@ class Engine:
         with self.store.transaction():
             now = self.clock()
             if keys is None:
-                rows = self.store.run(
+                taken = self.store.run(
                     "dead_take_all", {"queue_id": found.id, "limit": -1}
                 ).fetchall()
+                # Oldest first, those that died at the same time by key, as on Redis: the
+                # order they are queued again in.
+                taken.sort(key=lambda row: (row[4], row[0]))
+                rows = [row[:4] for row in taken]
             else:
                 rows = []
                 for key in keys:

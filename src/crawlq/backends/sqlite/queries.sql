@@ -297,10 +297,11 @@ SELECT g.name, g.queued, g.running, g.concurrency, g.interval, g.last_start,
  LIMIT :limit;
 
 -- name: dead_list
+-- Newest first; those that died at the same time by key, as on Redis.
 SELECT d.key, coalesce(d.payload, d.key), g.name, d.attempts, d.error, d.traceback, d.died_at
   FROM dead d JOIN groups g ON g.id = d.group_id
  WHERE d.queue_id = :queue_id
- ORDER BY d.died_at DESC, d.id DESC
+ ORDER BY d.died_at DESC, d.key DESC
  LIMIT :limit OFFSET :offset;
 
 -- name: dead_take
@@ -309,7 +310,7 @@ RETURNING key, payload, group_id, priority;
 
 -- name: dead_take_all
 DELETE FROM dead WHERE id IN (SELECT id FROM dead WHERE queue_id = :queue_id LIMIT :limit)
-RETURNING key, payload, group_id, priority;
+RETURNING key, payload, group_id, priority, died_at;
 
 -- name: worker_upsert
 INSERT INTO workers (id, host, pid, queues, started, heartbeat, wake_address, concurrency)
