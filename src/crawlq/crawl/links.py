@@ -44,14 +44,18 @@ def extract(html: str, url: str) -> PageLinks:
     anchors = tree.css("a[href], area[href]") if tree.tags("area") else tree.tags("a")
     links: list[str] = []
     found: set[str] = set()
+    known: dict[str, str | None] = {}  # href -> link: pages repeat their links
     for node in anchors:
         attributes = node.attributes
-        href = attributes.get("href") or ""
-        if href.strip().lower().startswith(SKIPPED_SCHEMES):
-            continue
         if "nofollow" in (attributes.get("rel") or "").lower():
             continue
-        link = absolute(base, href, base_origin=base_origin)
+        href = attributes.get("href") or ""
+        if href in known:
+            link = known[href]
+        elif ":" in href and href.strip().lower().startswith(SKIPPED_SCHEMES):
+            link = known[href] = None
+        else:
+            link = known[href] = absolute(base, href, base_origin=base_origin)
         if link is not None and link not in found:
             found.add(link)
             links.append(link)

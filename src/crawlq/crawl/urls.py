@@ -28,7 +28,7 @@ def _normalize_escapes(part: str, safe: str) -> str:
 def _remove_dot_segments(path: str) -> str:
     """RFC 3986 section 5.2.4 on an absolute path: "." and ".." segments resolved, and only
     they (an empty segment stays: /a//b is not /a/b to a server)."""
-    if "." not in path:
+    if "/." not in path:
         return path
     segments = path.split("/")[1:]
     kept: list[str] = []
@@ -82,13 +82,26 @@ _PLAIN_URL = re.compile(
 )
 
 
+#: A query `canonicalize` leaves as it is: not empty, no escapes, no character it escapes.
+_PLAIN_QUERY = r"(?:\?[A-Za-z0-9._~!$&'()*+,;=:@/?-]+)?"
+#: Links resolved without parsing when they are plain: a root-relative path, a relative one
+#: (dot segments and all), an absolute URL; each with a plain query, if any.
+_PLAIN_ROOTED = re.compile(_PLAIN_PATH.pattern + _PLAIN_QUERY)
+_PLAIN_RELATIVE = re.compile(rf"((?:[A-Za-z0-9._~-]+/?)+)({_PLAIN_QUERY})")
+_PLAIN_ABSOLUTE = re.compile(_PLAIN_URL.pattern + _PLAIN_QUERY)
+
+
+def _plain_port(plain: re.Match[str]) -> bool:
+    """A plain URL's port (group 2; scheme, group 1) as `canonicalize` writes it."""
+    port = plain.group(2)
+    return port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[plain.group(1)])
+
+
 def is_canonical(url: str) -> bool:
     """Whether `canonicalize(url) == url`; the plain URL of a crawl is told without parsing."""
     plain = _PLAIN_URL.fullmatch(url)
-    if plain is not None:
-        port = plain.group(2)
-        if port is None or (int(port) <= 65535 and int(port) != DEFAULT_PORTS[plain.group(1)]):
-            return True
+    if plain is not None and _plain_port(plain):
+        return True
     return canonicalize(url) == url
 
 
@@ -105,13 +118,25 @@ def origin_of(canonical: str) -> str | None:
 
 def absolute(base: str, href: str, *, base_origin: str | None = None) -> str | None:
     """`href` found on page `base`, resolved and canonical; None for non-http(s) links.
-    `base_origin` (`origin_of(base)`, when `base` is canonical) lets the usual plain
-    "/path" link skip parsing."""
+    `base_origin` (`origin_of(base)`, when `base` is canonical) lets the usual plain links
+    skip parsing: a page holds dozens to hundreds, and parsing each cost more than the
+    page's HTML parse."""
     href = href.strip()
     if not href or href.startswith("#"):
         return None
-    if base_origin is not None and _PLAIN_PATH.fullmatch(href):
-        return base_origin + href
+    href = href.partition("#")[0]  # canonical URLs have none
+    if base_origin is not None:
+        if href.startswith("/"):
+            if _PLAIN_ROOTED.fullmatch(href):
+                return base_origin + href
+        elif (plain := _PLAIN_RELATIVE.fullmatch(href)) is not None:
+            path = base[len(base_origin) :].partition("?")[0]
+            joined = _remove_dot_segments(path[: path.rfind("/") + 1] + plain.group(1))
+            if _PLAIN_PATH.fullmatch(joined):
+                return base_origin + joined + plain.group(2)
+    plain = _PLAIN_ABSOLUTE.fullmatch(href)
+    if plain is not None and _plain_port(plain):
+        return href
     try:
         joined = urljoin(base, unquote_spaces(href))
     except ValueError:
