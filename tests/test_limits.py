@@ -99,3 +99,65 @@ async def test_a_worker_paces_by_the_crawl_delay_another_worker_read(tmp_path: P
     finally:
         await backend.close()
     assert intervals == [10.0, 0.0]
+
+
+async def test_a_group_asked_for_again_while_its_lookup_is_out_is_not_looked_up_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    try:
+        await backend.raise_crawl_delays({"slow.test": 4.0})
+        crawl_delays, answer = backend.crawl_delays, asyncio.Event()
+        calls = 0
+
+        async def held(groups: Collection[str] | None = None) -> dict[str, float]:
+            nonlocal calls
+            calls += 1
+            await answer.wait()
+            return await crawl_delays(groups)
+
+        monkeypatch.setattr(backend, "crawl_delays", held)
+        politeness = Politeness(backend)
+        asks = []
+        for _ in range(5):  # five loop turns, the first one's lookup still out
+            asks.append(asyncio.ensure_future(politeness.interval("slow.test")))
+            await asyncio.sleep(0)
+        answer.set()
+        intervals = await asyncio.gather(*asks)
+    finally:
+        await backend.close()
+    assert (calls, intervals) == (1, [4.0] * 5)
+
+
+async def test_rules_read_again_during_a_lookup_give_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interval is worked out from the rules read last, not from those in force when the
+    Crawl-delay lookup went out."""
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    try:
+        await backend.set_limits([LimitRule(pattern="r.test", limit=Limit(interval=1.0))])
+        politeness = Politeness(backend)
+        await politeness.interval("other.test")  # the rules are read
+        crawl_delays, answer = backend.crawl_delays, asyncio.Event()
+
+        async def held(groups: Collection[str] | None = None) -> dict[str, float]:
+            await answer.wait()
+            return await crawl_delays(groups)
+
+        monkeypatch.setattr(backend, "crawl_delays", held)
+        asked = asyncio.ensure_future(politeness.interval("r.test"))
+        while not politeness._in_flight:  # the lookup is out
+            await asyncio.sleep(0)
+        await backend.set_limits([LimitRule(pattern="r.test", limit=Limit(interval=9.0))])
+        monkeypatch.setattr(politeness, "_limits_read", 0.0)  # the rules' time is up
+        rereading = asyncio.ensure_future(politeness.interval("z.test"))
+        while not politeness._limits_read:  # read again, the lookup still out
+            await asyncio.sleep(0)
+        answer.set()
+        interval, _ = await asyncio.gather(asked, rereading)
+    finally:
+        await backend.close()
+    assert interval == 9.0

@@ -3,6 +3,7 @@ readable and the writer able to go on once there is room again."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -42,8 +43,12 @@ class Disk:
         self.full = False  # a write stores half its bytes, the next one fails with ENOSPC
         self.room: int | None = None  # how long a file may grow: a write stores what fits
         self.failing_closes = 0  # this many closes fail (after closing the file) with EIO
+        self.failing_opens = 0  # this many opens of a new file fail with ENOSPC
 
     def open(self, path: Path, mode: str, **_: Any) -> DiskFile:
+        if self.failing_opens:
+            self.failing_opens -= 1
+            raise OSError(errno.ENOSPC, "No space left on device")
         return DiskFile(self, path, mode)
 
 
@@ -193,3 +198,57 @@ def test_a_batch_rotates_files_where_records_alone_would(tmp_path: Path) -> None
     for n, ref in enumerate(together):
         assert isinstance(ref, warc.RecordRef)
         assert read_record(tmp_path / "batched", ref).url == f"http://site.test/page/{n}"
+
+
+def test_a_batch_that_cannot_open_its_next_file_keeps_the_records_before_it(
+    tmp_path: Path, disk: Disk
+) -> None:
+    probe = RotatingWarcWriter(tmp_path / "probe", max_file_bytes=1 << 20)
+    size = probe.write(page(0)).length
+    probe.close()
+    writer = RotatingWarcWriter(tmp_path / "warc", max_file_bytes=size * 5 // 2)
+    first = writer.write(page(1))
+    disk.failing_opens = 1  # the second file: page 3 finds no room, page 4 opens it
+    refs = writer.write_many([page(2), page(3), page(4)])
+    writer.close()
+
+    assert [type(ref) for ref in refs] == [warc.RecordRef, OSError, warc.RecordRef]
+    written = [ref for ref in (first, *refs) if isinstance(ref, warc.RecordRef)]
+    assert [read_record(tmp_path / "warc", ref).url[-6:] for ref in written] == [
+        "page/1",
+        "page/2",
+        "page/4",
+    ]
+    assert written[1].file == first.file != written[2].file
+
+
+def test_a_torn_batch_keeps_the_records_written_whole_and_writes_none_twice(
+    tmp_path: Path, disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cannot_truncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    first = writer.write(page(0))
+    disk.room = first.offset + first.length * 3  # the batch tears inside its third record
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "ftruncate", cannot_truncate)
+        refs = writer.write_many([page(n) for n in range(1, 5)])
+    disk.room = None
+    writer.close()
+
+    assert all(isinstance(ref, warc.RecordRef) for ref in refs)
+    whole = [ref for ref in refs if isinstance(ref, warc.RecordRef)]
+    assert [read_record(tmp_path, ref).url[-6:] for ref in whole] == [
+        f"page/{n}" for n in range(1, 5)
+    ]
+    # Pages 1 and 2 were written whole before the tear: they stay there; 3 and 4 go again.
+    assert [ref.file == first.file for ref in whole] == [True, True, False, False]
+    ids = []
+    for path in sorted(tmp_path.glob("*.warc.gz")):
+        # The torn file ends in part of page 3's record: read up to it.
+        with open(path, "rb") as file, contextlib.suppress(Exception):
+            for record in ArchiveIterator(file):
+                ids.append(record.rec_headers.get_header("WARC-Record-ID"))
+    assert len(ids) == 1 + 3 + 1 + 2  # two warcinfo records, pages 0 to 4
+    assert len(ids) == len(set(ids))

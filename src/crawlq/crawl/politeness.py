@@ -228,6 +228,7 @@ class Politeness:
         self._stored_delays: dict[str, float] = {}
         self._asked: dict[str, asyncio.Future[float]] = {}  # to read in the next lookup
         self._lookups: set[asyncio.Future[None]] = set()
+        self._in_flight: dict[str, asyncio.Future[float]] = {}  # asked, not answered yet
         self._last_sent: dict[str, float] = {}  # group -> when this worker's last request went
         self.late_sends = 0  # slots taken over or replaced: their request was late for them
         self.latest_send = 0.0  # seconds: the latest a request was for its slot
@@ -251,6 +252,8 @@ class Politeness:
             stored = self._stored_delays.get(group)
             if stored is None:
                 stored = await self._stored_delay(group)
+                if self._limits is not rules:  # read again meanwhile: the new rules count
+                    return await self.interval(group)
             interval = max(rules.resolve(group).interval, stored, self._delays.get(group, 0.0))
             self._intervals[group] = interval
         return interval
@@ -258,7 +261,7 @@ class Politeness:
     async def _stored_delay(self, group: str) -> float:
         """The group's Crawl-delay as any worker stored it (0 if none), read with those of
         every other group asked for in the same loop turn, in one call."""
-        future = self._asked.get(group)
+        future = self._asked.get(group) or self._in_flight.get(group)
         if future is None:
             if not self._asked:
                 asyncio.get_running_loop().call_soon(self._look_up)
@@ -267,14 +270,17 @@ class Politeness:
 
     def _look_up(self) -> None:
         asked, self._asked = self._asked, {}
+        self._in_flight.update(asked)
         lookup = asyncio.ensure_future(self._read_stored_delays(asked))
         self._lookups.add(lookup)
         lookup.add_done_callback(self._lookups.discard)
 
     async def _read_stored_delays(self, asked: dict[str, asyncio.Future[float]]) -> None:
+        limits = self._limits
         try:
             found = await self.backend.crawl_delays(list(asked))
         except BaseException as exc:
+            self._forget_in_flight(asked)
             for future in asked.values():
                 if not future.done():
                     future.set_exception(exc)
@@ -282,10 +288,18 @@ class Politeness:
             if not isinstance(exc, Exception):
                 raise
             return
+        self._forget_in_flight(asked)
         for group, future in asked.items():
-            seconds = self._stored_delays[group] = found.get(group, 0.0)
+            seconds = found.get(group, 0.0)
+            if self._limits is limits:  # else read before the caches were cleared
+                self._stored_delays[group] = seconds
             if not future.done():
                 future.set_result(seconds)
+
+    def _forget_in_flight(self, asked: dict[str, asyncio.Future[float]]) -> None:
+        for group, future in asked.items():
+            if self._in_flight.get(group) is future:
+                del self._in_flight[group]
 
     async def _rules(self) -> RuleIndex:
         """The limit rules, read again every LIMITS_TTL seconds, once for all the tasks that

@@ -41,6 +41,8 @@ DEFAULT_FILE_BYTES = 1 << 30
 DEFAULT_COMPRESS_LEVEL = 6
 WARC_VERSION = "WARC/1.0"
 _DROPPED = frozenset({"transfer-encoding"})
+#: A batch of records is written in parts of about this size at most.
+MAX_WRITE_BYTES = 8 << 20
 #: A stored body is inflated up to this size when read back.
 MAX_STORED_BODY = 1 << 30
 
@@ -221,7 +223,7 @@ class RotatingWarcWriter:
         written again one record at a time."""
         results: list[RecordRef | Exception | None] = [None] * len(items)
         run: list[tuple[int, bytes]] = []  # (index, gzip member): what the next write holds
-        end = 0  # where the run ends in the open file
+        start = end = 0  # where the run starts and ends in the open file
         for index, item in enumerate(items):
             try:
                 member = self._member(item)
@@ -229,20 +231,27 @@ class RotatingWarcWriter:
                 results[index] = exc
                 continue
             if not run:
-                end = self._open().tell()
+                try:
+                    start = end = self._open().tell()
+                except OSError as exc:  # as a write alone did: this record fails
+                    results[index] = exc
+                    continue
             run.append((index, member))
             end += len(member)
-            if end >= self.max_file_bytes:  # the record that fills the file closes it
+            # The record that fills the file closes it; a long batch goes out in parts.
+            if end >= self.max_file_bytes or end - start >= MAX_WRITE_BYTES:
                 self._write_run(run, results)
                 run = []
         if run:
             self._write_run(run, results)
-        return [result for result in results if result is not None]
+        written = [result for result in results if result is not None]
+        assert len(written) == len(items)
+        return written
 
     def _member(self, item: Response | Rendition) -> bytes:
         """The record of `item`, as one gzip member. A small record is compressed with a window
-        and hash table its size (the same bytes out): setting up zlib's default ones cost more
-        than compressing a small page."""
+        and hash table its size: setting up zlib's default ones cost more than compressing a
+        small page (and the few bytes they may save on it)."""
         record = conversion_record(item) if isinstance(item, Rendition) else response_record(item)
         window = min(max(len(record).bit_length(), 9), zlib.MAX_WBITS)
         compressor = zlib.compressobj(
@@ -251,13 +260,23 @@ class RotatingWarcWriter:
         return compressor.compress(record) + compressor.flush()
 
     def _write_run(self, run: list[tuple[int, bytes]], results: list[Any]) -> None:
-        file = self._open()
         try:
-            offset = _append(file, b"".join(member for _, member in run))
+            file = self._open()
+            offset = file.tell()
+            _append(file, b"".join(member for _, member in run))
         except OSError as exc:
             if isinstance(exc, _Torn):
+                # The members wholly written before the tear stay in the file: theirs.
+                whole = offset + exc.written
+                while run and offset + len(run[0][1]) <= whole:
+                    index, member = run.pop(0)
+                    results[index] = RecordRef(file=self._name, offset=offset, length=len(member))
+                    offset += len(member)
+                    self._unsynced = True
                 with suppress(OSError):
                     self.close()  # the next record starts a new file
+                if not run:
+                    return
             if len(run) == 1:
                 results[run[0][0]] = exc
                 return
@@ -314,6 +333,8 @@ class RotatingWarcWriter:
 class _Torn(OSError):
     """A record failed halfway and could not be cut back off: its file ends in part of it."""
 
+    written = 0  # bytes of the failed write that made it into the file
+
 
 def _append(file: FileIO, data: bytes) -> int:
     """Writes all of `data` at the end of `file` and returns where it starts; if that fails,
@@ -326,7 +347,9 @@ def _append(file: FileIO, data: bytes) -> int:
             os.ftruncate(file.fileno(), offset)
             file.seek(offset)
         except OSError as exc:
-            raise _Torn(exc.errno, f"{file.name}: cannot cut back a failed record") from exc
+            torn = _Torn(exc.errno, f"{file.name}: cannot cut back a failed record")
+            torn.written = file.tell() - offset
+            raise torn from exc
         raise
     return offset
 
