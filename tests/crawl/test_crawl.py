@@ -23,7 +23,7 @@ from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import Timeouts
 from crawlq.crawl.store import WarcStore
 from crawlq.crawl.testing import Site, SyntheticWeb, hang, redirect, respond
-from crawlq.crawl.testing.sites import page_html
+from crawlq.crawl.testing.sites import more_links, page_html
 from crawlq.worker import Worker
 
 from .conftest import FAST_RETRY, crawl_settings, fetch_settings
@@ -58,6 +58,31 @@ async def test_every_page_fetched_once_and_every_response_readable_from_the_warc
     assert stored is not None and stored.status == 200
     assert b"<title>a.test page 7</title>" in stored.raw
     assert len(store.refs(net.url("b.test", "/page/5"))) == 1
+
+
+async def test_pages_linking_in_every_form_real_pages_use_are_each_fetched_once(
+    tmp_path: Path,
+) -> None:
+    """Root-relative, relative, ../, absolute, with a #fragment, to the page's own sections:
+    every form resolves to one canonical URL, fetched once; and a page's record counts its
+    distinct links."""
+    site = Site(name="a.test", pages=40, links=60, text=3_000)
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test")], concurrency=20)
+    records = records_by_url(tmp_path)
+    assert sorted(records) == sorted(net.page_urls("a.test"))
+    assert all(len(r) == 1 and r[0]["status"] == 200 for r in records.values())
+    page_hits = [net.url(h.host, h.path) for h in net.hits if h.path != "/robots.txt"]
+    assert sorted(page_hits) == sorted(net.page_urls("a.test"))
+    for number in range(site.pages):
+        targets = {n for n in (number + 1, 2 * number + 1, 2 * number + 2) if n < site.pages}
+        for link in more_links(number, site.pages, site.links, "http://a.test"):
+            if not link.startswith("#"):  # the others end in the page's number
+                targets.add(int(link.split("#")[0].rsplit("/", 1)[-1]))
+        (record,) = records[net.url("a.test", f"/page/{number}")]
+        assert record["links"] == len(targets)
+    assert all(r[0]["bytes"] > 3_000 for r in records.values())
 
 
 async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_spaces_requests(

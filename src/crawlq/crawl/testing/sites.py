@@ -21,7 +21,9 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
+import random
 import socket
+import string
 import struct
 import time
 from collections import defaultdict
@@ -87,7 +89,12 @@ class Site:
     those that exist) and page 0 to each of `cross_links` (absolute URLs). `robots` is the
     robots.txt body (None: 404). A fraction `flaky` of the pages fail their first request
     with 500, 429 or 503 (the last two with Retry-After `retry_after`). `routes` override any
-    path."""
+    path.
+
+    Pages as real sites write them, when asked: `links` more links a page to other pages of
+    the site (spread over them, written root-relative, relative, with a dot segment,
+    absolute, with a fragment, and to the page's own sections), and about `text` bytes of
+    text."""
 
     name: str
     pages: int = 10
@@ -97,11 +104,49 @@ class Site:
     retry_after: int = 1
     cross_links: list[str] = field(default_factory=list)
     routes: dict[str, Route] = field(default_factory=dict)
+    links: int = 0
+    text: int = 0
 
 
 def _fraction(text: str) -> float:
     digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
+
+
+def filler(size: int) -> str:
+    """About `size` bytes of paragraphs of made-up words (the same for a size)."""
+    rng = random.Random(size)
+    vocabulary = [
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(400)
+    ]
+    paragraphs, length = [], 0
+    while length < size:
+        paragraph = "<p>" + " ".join(rng.choices(vocabulary, k=60)) + "</p>\n"
+        paragraphs.append(paragraph)
+        length += len(paragraph)
+    return "".join(paragraphs)
+
+
+def more_links(number: int, pages: int, count: int, origin: str) -> list[str]:
+    """`count` links from page `number` to others of its site, spread over all of them, in
+    the forms real pages use; `origin` is scheme://host:port."""
+    written = []
+    for k in range(count):
+        target = (number * 7919 + k * 104729) % pages
+        form = k % 6
+        if form == 0:
+            written.append(f"/page/{target}")
+        elif form == 1:
+            written.append(str(target))  # relative to /page/
+        elif form == 2:
+            written.append(f"../page/{target}")
+        elif form == 3:
+            written.append(f"{origin}/page/{target}")
+        elif form == 4:
+            written.append(f"/page/{target}#part-{k % 7}")
+        else:
+            written.append(f"#section-{k % 9}")
+    return written
 
 
 def page_html(title: str, links: list[str], body: str = "") -> str:
@@ -297,6 +342,7 @@ class SyntheticWeb:
         self._runner: web.AppRunner | None = None
         self._sockets: list[socket.socket] = []
         self._arrivals: dict[object, float] = {}  # transport -> its pending request's arrival
+        self._fillers: dict[int, str] = {}  # a page's text, by size: built once
 
     @property
     def resolve(self) -> dict[str, str]:
@@ -388,8 +434,18 @@ class SyntheticWeb:
         links = [link for link in links if int(link.rsplit("/", 1)[1]) < site.pages]
         if number == 0:
             links += site.cross_links
+        if site.links:
+            origin = f"{request.scheme}://{request.host}"
+            links += more_links(number, site.pages, site.links, origin)
         title = f"{site.name} page {number}"
-        return web.Response(text=page_html(title, links), content_type="text/html")
+        body = self._filler(site.text)
+        return web.Response(text=page_html(title, links, body), content_type="text/html")
+
+    def _filler(self, size: int) -> str:
+        text = self._fillers.get(size)
+        if text is None:
+            text = self._fillers[size] = filler(size) if size else ""
+        return text
 
     def _injected(self, site: Site, path: str) -> web.Response | None:
         key = f"{site.name}{path}"
