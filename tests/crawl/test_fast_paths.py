@@ -8,7 +8,7 @@ from urllib.parse import urljoin
 import pytest
 
 from crawlq.crawl.scope import Scope
-from crawlq.crawl.urls import absolute, canonicalize, origin_of, unquote_spaces
+from crawlq.crawl.urls import absolute, canonicalize, is_canonical, origin_of, unquote_spaces
 
 BASE = "http://site7.test:8080/a/b/page5.html"
 HREFS = [
@@ -87,3 +87,27 @@ def test_dot_segments_go_and_empty_segments_stay(url: str, canonical: str) -> No
     """posixpath.normpath folded /a//b.html into /a/b.html (only when the path had a dot),
     another resource to the server."""
     assert canonicalize(url) == canonical
+
+
+LONG = 20_000
+
+
+@pytest.mark.parametrize(
+    "href",
+    [
+        "a" * LONG + "!",
+        "/" + "a" * LONG + "!",
+        "/" + "a/" * LONG + "%",
+        "a/" * LONG + "!",
+        "http://" + "a" * LONG + "!",
+        "http://" + "a-" * LONG + "-/x!",
+        "http://a.test/" + "a/" * LONG + "!",
+    ],
+    ids=lambda href: href[:12] + "..." + href[-3:],
+)
+def test_a_long_link_that_is_almost_plain_resolves_as_parsing_it_would(href: str) -> None:
+    """A page writes what it likes: a pattern with nested repetitions took exponential time
+    to fail on 30 such characters and a stray one (this test would not end)."""
+    base = "http://e.test/a/b.html"
+    assert absolute(base, href, base_origin=origin_of(base)) == _parsed(base, href)
+    assert is_canonical(href) == (canonicalize(href) == href)

@@ -69,12 +69,16 @@ def canonicalize(url: str) -> str | None:
     return urlunsplit((scheme, netloc, path, query, ""))
 
 
+# Each pattern below matches in time linear in its input: every repetition is delimited by
+# a character it cannot hold itself. A link is anything a page writes, and `(?:x+/?)*` takes
+# exponential time to fail on a long run of x followed by a stray character.
+_SEGMENT = r"[A-Za-z0-9_~-][A-Za-z0-9._~-]*"
 #: A root-relative path that is already canonical: no dot segments, no empty segments, only
 #: unreserved characters (no escapes, query or fragment).
-_PLAIN_PATH = re.compile(r"/(?:[A-Za-z0-9_~-][A-Za-z0-9._~-]*/?)*")
+_PLAIN_PATH = re.compile(rf"/(?:{_SEGMENT}(?:/{_SEGMENT})*/?)?")
 
 
-_LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+_LABEL = r"[a-z0-9]+(?:-+[a-z0-9]+)*"
 #: An http(s) URL `canonicalize` leaves as it is: lower-case ASCII host, a port (if any)
 #: written plainly, and a plain path (no query, no fragment, no userinfo).
 _PLAIN_URL = re.compile(
@@ -87,7 +91,7 @@ _PLAIN_QUERY = r"(?:\?[A-Za-z0-9._~!$&'()*+,;=:@/?-]+)?"
 #: Links resolved without parsing when they are plain: a root-relative path, a relative one
 #: (dot segments and all), an absolute URL; each with a plain query, if any.
 _PLAIN_ROOTED = re.compile(_PLAIN_PATH.pattern + _PLAIN_QUERY)
-_PLAIN_RELATIVE = re.compile(rf"((?:[A-Za-z0-9._~-]+/?)+)({_PLAIN_QUERY})")
+_PLAIN_RELATIVE = re.compile(rf"([A-Za-z0-9._~-]+(?:/[A-Za-z0-9._~-]+)*/?)({_PLAIN_QUERY})")
 _PLAIN_ABSOLUTE = re.compile(_PLAIN_URL.pattern + _PLAIN_QUERY)
 
 
