@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from urllib.parse import urljoin
+
 from crawlq.crawl.links import extract
+from crawlq.crawl.urls import canonicalize
 
 PAGE = "http://site.test/dir/page"
 
@@ -53,3 +56,27 @@ def test_first_title_and_no_title() -> None:
     assert extract("<title>One</title><title>Two</title>", PAGE).title == "One"
     assert extract("<title>  </title><p>text</p>", PAGE).title is None
     assert extract("<p>text</p>", PAGE).title is None
+
+
+def test_a_link_remembered_from_another_page_resolves_against_this_one() -> None:
+    """Links are remembered across pages by what they depend on: the same hrefs on pages of
+    other origins, directories, documents or bases resolve anew."""
+    hrefs = ["x.html", "../y", "/z", "?q=1", "//other.test/w", "http:v", "https://o.test/u"]
+    html = "".join(f'<a href="{href}">.</a>' for href in hrefs)
+    pages = [
+        "http://a.test/d1/page",
+        "http://a.test/d1/other?x=1",
+        "http://a.test/d2/page",
+        "https://a.test/d1/page",
+        "http://b.test:8080/d1/page",
+    ]
+    for url in pages * 2:  # the second time round, every href was seen before
+        assert extract(html, url).links == [
+            link for link in (_parsed(url, href) for href in hrefs) if link is not None
+        ], url
+    based = '<base href="http://c.test/e/f/">' + html
+    assert extract(based, pages[0]).links[0] == "http://c.test/e/f/x.html"
+
+
+def _parsed(base: str, href: str) -> str | None:
+    return canonicalize(urljoin(base, href))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from selectolax.lexbor import LexborHTMLParser
@@ -9,6 +10,10 @@ from selectolax.lexbor import LexborHTMLParser
 from .urls import absolute, is_canonical, origin_of
 
 SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "ftp:")
+#: Links resolved on earlier pages are kept (at most this many), by the href and what its
+#: link depends on besides it: a site's pages repeat their menus, footers and neighbours.
+MAX_RESOLVED = 50_000
+_resolved: dict[tuple[str, str], str | None] = {}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,7 +49,8 @@ def extract(html: str, url: str) -> PageLinks:
     anchors = tree.css("a[href], area[href]") if tree.tags("area") else tree.tags("a")
     links: list[str] = []
     found: set[str] = set()
-    known: dict[str, str | None] = {}  # href -> link: pages repeat their links
+    known: dict[str, str | None] = {}  # href -> link, on this page
+    resolve = _resolver(base, base_origin)
     for node in anchors:
         attributes = node.attributes
         if "nofollow" in (attributes.get("rel") or "").lower():
@@ -52,11 +58,40 @@ def extract(html: str, url: str) -> PageLinks:
         href = attributes.get("href") or ""
         if href in known:
             link = known[href]
-        elif ":" in href and href.strip().lower().startswith(SKIPPED_SCHEMES):
-            link = known[href] = None
         else:
-            link = known[href] = absolute(base, href, base_origin=base_origin)
+            link = known[href] = resolve(href)
         if link is not None and link not in found:
             found.add(link)
             links.append(link)
     return PageLinks(title=title or None, links=links, nofollow=nofollow)
+
+
+def _resolver(base: str, base_origin: str | None) -> Callable[[str], str | None]:
+    """What resolves the hrefs of a page whose links resolve against `base` (canonical when
+    `base_origin`, its origin, is given): remembered across pages by what each depends on,
+    the base's origin for a root-relative href, its document for a query alone, else its
+    directory (an absolute URL depends on none, so any will do)."""
+    if base_origin is None:
+        return lambda href: _plain(href, base, None)
+    document = base.partition("?")[0]
+    directory = document[: document.rfind("/") + 1]
+
+    def resolve(href: str) -> str | None:
+        first = href.lstrip()[:1]
+        key = (base_origin if first == "/" else document if first == "?" else directory, href)
+        try:
+            return _resolved[key]
+        except KeyError:
+            if len(_resolved) >= MAX_RESOLVED:
+                _resolved.clear()
+            link = _resolved[key] = _plain(href, base, base_origin)
+            return link
+
+    return resolve
+
+
+def _plain(href: str, base: str, base_origin: str | None) -> str | None:
+    """`href`'s link; None for a scheme a crawler skips."""
+    if ":" in href and href.strip().lower().startswith(SKIPPED_SCHEMES):
+        return None
+    return absolute(base, href, base_origin=base_origin)
