@@ -15,13 +15,13 @@ from aiohttp import web
 from crawlq.backends import Backend
 from crawlq.cli import crawl as cli_crawl
 from crawlq.crawl import progress
-from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl, CrawlSettings
 from crawlq.crawl.records import read_records
 from crawlq.crawl.settings import Timeouts
 from crawlq.crawl.store import WarcStore
 from crawlq.crawl.testing import Site, SyntheticWeb, respond
 from crawlq.crawl.testing.sites import page_html
-from crawlq.errors import BackendError
+from crawlq.errors import BackendError, ConfigError
 
 from .conftest import crawl_settings, fetch_settings
 
@@ -215,3 +215,37 @@ async def test_a_failing_progress_display_stops_alone_and_the_crawl_finishes(
     assert "progress display stopped (the crawl goes on)" in caplog.text
     assert "BackendError: the queue cannot be read" in caplog.text
     assert "done: 4 pages fetched, 0 errors, 0 throttled this run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("level", "xfl"), [("1", 4), ("9", 2)])
+async def test_warc_level_is_the_gzip_level_of_every_record(
+    tmp_path: Path, level: str, xfl: int
+) -> None:
+    """gzip's header says which: XFL 4 for the fastest, 2 for the smallest."""
+    async with SyntheticWeb([Site(name="site.test", pages=8)]) as net:
+        crawl = await run_crawl(net, tmp_path, "--warc-level", level)
+        _, err = await asyncio.wait_for(crawl.communicate(), GUARD)
+    assert crawl.returncode == 0, err.decode()
+    store = WarcStore(tmp_path / WARC_DIR)
+    headers = []
+    for url in net.page_urls("site.test"):
+        (ref,) = store.refs(url)
+        with open(tmp_path / WARC_DIR / ref.file, "rb") as file:
+            file.seek(ref.offset)
+            headers.append(file.read(10))
+    await store.aclose()
+    assert [(header[:2], header[8]) for header in headers] == [(b"\x1f\x8b", xfl)] * 8
+
+
+async def test_a_warc_level_gzip_has_not_is_refused(tmp_path: Path) -> None:
+    async with SyntheticWeb([Site(name="site.test", pages=1)]) as net:
+        crawl = await run_crawl(net, tmp_path, "--warc-level", "10")
+        _, err = await asyncio.wait_for(crawl.communicate(), GUARD)
+    assert crawl.returncode == 2
+    assert "--warc-level" in err.decode() and "0<=x<=9" in err.decode()
+    assert not net.hits
+
+
+def test_crawl_settings_refuse_a_warc_level_gzip_has_not(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="warc_level must be 0 to 9"):
+        CrawlSettings(out=tmp_path, warc_level=-1)

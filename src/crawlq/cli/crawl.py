@@ -118,6 +118,13 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option(
     "--warc-size", default=1 << 30, show_default=True, help="Bytes per WARC file before rotating."
 )
+@click.option(
+    "--warc-level",
+    type=click.IntRange(0, 9),
+    default=6,
+    show_default=True,
+    help="gzip level of the WARC records: 1 costs about half the CPU of 6 for ~13% more bytes.",
+)
 @click.option("--lease", default=60.0, show_default=True, help="Seconds a page is leased.")
 @click.option("--grace", default=10.0, show_default=True, help="Seconds to finish on Ctrl-C.")
 @click.option(
@@ -179,6 +186,7 @@ def crawl(
     max_attempts: int,
     retry_delay: float,
     warc_size: int,
+    warc_level: int,
     lease: float,
     grace: float,
     render: bool,
@@ -224,6 +232,7 @@ def crawl(
         retry=retry,
         lease=lease,
         max_file_bytes=warc_size,
+        warc_level=warc_level,
         render=render,
         browser=BrowserSettings(
             executable=chromium,

@@ -37,7 +37,7 @@ from .scope import Scope
 from .settings import FetchSettings
 from .store import ContentStore, WarcStore
 from .urls import canonicalize, is_canonical
-from .warc import DEFAULT_FILE_BYTES, RecordRef, Rendition
+from .warc import DEFAULT_COMPRESS_LEVEL, DEFAULT_FILE_BYTES, RecordRef, Rendition
 
 STORE = "crawlq.crawl.store"
 RECORDS = "crawlq.crawl.records"
@@ -67,6 +67,7 @@ class CrawlSettings:
     backoff: Backoff = field(default_factory=Backoff)
     lease: float = 60.0
     max_file_bytes: int = DEFAULT_FILE_BYTES
+    warc_level: int = DEFAULT_COMPRESS_LEVEL  # gzip level of the WARC records, 0 to 9
     queue: str = "crawl"
     render: bool = False
     browser: BrowserSettings = field(default_factory=BrowserSettings)
@@ -74,6 +75,8 @@ class CrawlSettings:
     def __post_init__(self) -> None:
         if self.max_pages is not None and self.max_pages < 1:
             raise ConfigError(f"max_pages must be at least 1, got {self.max_pages}")
+        if not 0 <= self.warc_level <= 9:
+            raise ConfigError(f"warc_level must be 0 to 9 (gzip's levels), got {self.warc_level}")
 
 
 @dataclass(kw_only=True)
@@ -154,7 +157,12 @@ class Crawl:
         self.app.also_publish(self._seed_again)
         self.app.provide(FETCHER, self._fetcher)
         self.app.provide(
-            STORE, lambda: WarcStore(self.out / WARC_DIR, max_file_bytes=settings.max_file_bytes)
+            STORE,
+            lambda: WarcStore(
+                self.out / WARC_DIR,
+                max_file_bytes=settings.max_file_bytes,
+                compress_level=settings.warc_level,
+            ),
         )
         self.app.provide(RECORDS, lambda: _RecordsResource(self.out / PAGES_FILE))
         if settings.render:

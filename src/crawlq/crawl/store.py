@@ -18,6 +18,7 @@ from ..groupcommit import GroupCommit
 from .redact import redact_url
 from .response import Response
 from .warc import (
+    DEFAULT_COMPRESS_LEVEL,
     DEFAULT_FILE_BYTES,
     RecordRef,
     Rendition,
@@ -109,9 +110,17 @@ class WarcStore:
     leave a page done in the queue without its response, for one sync a batch. `get` finds
     responses not yet indexed all the same."""
 
-    def __init__(self, directory: Path | str, *, max_file_bytes: int = DEFAULT_FILE_BYTES):
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        max_file_bytes: int = DEFAULT_FILE_BYTES,
+        compress_level: int = DEFAULT_COMPRESS_LEVEL,
+    ):
         self.directory = Path(directory)
-        self._writer = RotatingWarcWriter(self.directory, max_file_bytes=max_file_bytes)
+        self._writer = RotatingWarcWriter(
+            self.directory, max_file_bytes=max_file_bytes, compress_level=compress_level
+        )
         self._index: sqlite3.Connection | None = None
         self._unindexed: list[_Row] = []  # written, not yet synced
         self._latest_unindexed: dict[str, RecordRef] = {}  # by redacted URL
