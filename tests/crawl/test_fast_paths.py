@@ -111,3 +111,29 @@ def test_a_long_link_that_is_almost_plain_resolves_as_parsing_it_would(href: str
     base = "http://e.test/a/b.html"
     assert absolute(base, href, base_origin=origin_of(base)) == _parsed(base, href)
     assert is_canonical(href) == (canonicalize(href) == href)
+
+
+@pytest.mark.parametrize(
+    ("base", "href"),
+    [
+        ("http://e.test/a//b/c.html", "../../x"),  # urljoin drops the base's empty segments first
+        ("http://e.test/a//", ".."),
+        ("http://e.test/a///", "../..?q"),
+        ("http://e.test/", "/docs\xa0#top"),  # whitespace canonicalize strips once the # is cut
+        ("http://e.test/a/", "x\x0c#y"),
+        ("http://e.test/a/", "x\u3000?#y"),
+        ("http://e.test/", "http://e.test:80/x"),
+        ("http://e.test/", "https://e.test:443/"),
+        ("http://e.test/", "http://e.test:080/"),
+        ("http://e.test/", "https://e.test:080/"),
+        ("http://e.test/", "http://e.test:65536/"),
+        ("http://e.test/", "http://e.test:99999/x?a"),
+        ("http://e.test/", "/a?["),
+        ("http://e.test/", "a?b[c"),
+        ("http://e.test/d/", "a:b/../c"),
+        ("http://e.test/d/", "a//../b"),
+    ],
+)
+def test_links_the_random_draws_miss_resolve_as_parsing_them_would(base: str, href: str) -> None:
+    assert absolute(base, href, base_origin=origin_of(base)) == _parsed(base, href)
+    assert absolute(base, href) == _parsed(base, href)

@@ -128,19 +128,22 @@ def absolute(base: str, href: str, *, base_origin: str | None = None) -> str | N
     href = href.strip()
     if not href or href.startswith("#"):
         return None
-    href = href.partition("#")[0]  # canonical URLs have none
+    head = href.partition("#")[0]  # canonical URLs have none
     if base_origin is not None:
-        if href.startswith("/"):
-            if _PLAIN_ROOTED.fullmatch(href):
-                return base_origin + href
-        elif (plain := _PLAIN_RELATIVE.fullmatch(href)) is not None:
+        if head.startswith("/"):
+            if _PLAIN_ROOTED.fullmatch(head):
+                return base_origin + head
+        elif (plain := _PLAIN_RELATIVE.fullmatch(head)) is not None:
             path = base[len(base_origin) :].partition("?")[0]
-            joined = _remove_dot_segments(path[: path.rfind("/") + 1] + plain.group(1))
-            if _PLAIN_PATH.fullmatch(joined):
-                return base_origin + joined + plain.group(2)
-    plain = _PLAIN_ABSOLUTE.fullmatch(href)
+            directory = path[: path.rfind("/") + 1]
+            # urljoin drops the base's empty segments before it resolves "..": so must we.
+            if "//" not in directory:
+                joined = _remove_dot_segments(directory + plain.group(1))
+                if _PLAIN_PATH.fullmatch(joined):
+                    return base_origin + joined + plain.group(2)
+    plain = _PLAIN_ABSOLUTE.fullmatch(head)
     if plain is not None and _plain_port(plain):
-        return href
+        return head
     try:
         joined = urljoin(base, unquote_spaces(href))
     except ValueError:
