@@ -84,7 +84,7 @@ def forget_crawlq_links() -> None:
     crawl does, and not again in the next round."""
     from crawlq.crawl import links
 
-    links._resolved.clear()
+    getattr(links, "_resolved", {}).clear()  # (an older crawlq, measured for comparison, has none)
 
 
 def scrapy_extract() -> Callable[[str, bytes], int]:
