@@ -6,17 +6,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from crawlq import Context, Retry
 from crawlq.app import App
+from crawlq.crawl import crawler, links
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.links import PageLinks
 from crawlq.crawl.politeness import MAX_PACING_WAIT, Backoff
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
@@ -83,6 +87,44 @@ async def test_pages_linking_in_every_form_real_pages_use_are_each_fetched_once(
         (record,) = records[net.url("a.test", f"/page/{number}")]
         assert record["links"] == len(targets)
     assert all(r[0]["bytes"] > 3_000 for r in records.values())
+
+
+async def test_large_pages_are_read_for_links_in_threads_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(crawler, "LARGE_PAGE", 2_000)
+    threads = []
+
+    def extract(html: str, url: str) -> PageLinks:
+        threads.append(threading.current_thread().name)
+        return links.extract(html, url)
+
+    monkeypatch.setattr(crawler, "extract", extract)
+    async with SyntheticWeb([Site(name="a.test", pages=12, links=10, text=3_000)]) as net:
+        await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test")], concurrency=4)
+    assert sorted(records_by_url(tmp_path)) == sorted(net.page_urls("a.test"))
+    assert threads == ["crawlq-links"] * 12
+
+
+async def test_a_page_too_slow_to_parse_is_recorded_without_its_links_and_the_crawl_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tens of thousands of nested blocks make lexbor's parse quadratic: seconds for this
+    page (40,000 of them, 200 KB), which a worker's event loop cannot wait for."""
+    monkeypatch.setattr(crawler, "LARGE_PAGE", 100_000)
+    monkeypatch.setattr(crawler, "PARSE_TIMEOUT", 0.05)
+    nested = page_html("deep", ["/only-from-the-deep-page"], "<div>" * 40_000)
+    site = Site(name="a.test", pages=4, routes={"/page/1": respond(body=nested)})
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test")], concurrency=4)
+    records = records_by_url(tmp_path)
+    (deep,) = records[net.url("a.test", "/page/1")]
+    assert (deep["status"], deep["error"], deep["links"]) == (200, "timeout", 0)
+    assert "links not read: parsing the page took over 0.05s" in str(deep["detail"])
+    assert sorted(records) == sorted(net.page_urls("a.test"))  # the others link to 2 and 3
+    assert "/only-from-the-deep-page" not in {hit.path for hit in net.hits}
+    assert crawl.stats.errors == 1
 
 
 async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_spaces_requests(
