@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import ipaddress
 import random
@@ -113,8 +114,9 @@ def _fraction(text: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+@functools.cache
 def filler(size: int) -> str:
-    """About `size` bytes of paragraphs of made-up words (the same for a size)."""
+    """About `size` bytes of paragraphs of made-up words (the same for a size: built once)."""
     rng = random.Random(size)
     vocabulary = [
         "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(400)
@@ -342,7 +344,6 @@ class SyntheticWeb:
         self._runner: web.AppRunner | None = None
         self._sockets: list[socket.socket] = []
         self._arrivals: dict[object, float] = {}  # transport -> its pending request's arrival
-        self._fillers: dict[int, str] = {}  # a page's text, by size: built once
 
     @property
     def resolve(self) -> dict[str, str]:
@@ -438,14 +439,8 @@ class SyntheticWeb:
             origin = f"{request.scheme}://{request.host}"
             links += more_links(number, site.pages, site.links, origin)
         title = f"{site.name} page {number}"
-        body = self._filler(site.text)
+        body = filler(site.text)
         return web.Response(text=page_html(title, links, body), content_type="text/html")
-
-    def _filler(self, size: int) -> str:
-        text = self._fillers.get(size)
-        if text is None:
-            text = self._fillers[size] = filler(size) if size else ""
-        return text
 
     def _injected(self, site: Site, path: str) -> web.Response | None:
         key = f"{site.name}{path}"
