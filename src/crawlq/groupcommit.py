@@ -104,10 +104,11 @@ class GroupCommit(Generic[I, R]):
                 by_loop.setdefault(future.get_loop(), []).append((future, outcome))
             for loop, settled in by_loop.items():
                 with contextlib.suppress(RuntimeError):  # that loop is closed: no one waits
-                    loop.call_soon_threadsafe(_settle, settled)
+                    loop.call_soon_threadsafe(settle, settled)
 
 
-def _settle(settled: _Settled[R]) -> None:
+def settle(settled: _Settled[R]) -> None:
+    """Hands each future its outcome, a result or an exception (on the future's loop)."""
     for future, outcome in settled:
         if future.done():  # cancelled meanwhile
             continue

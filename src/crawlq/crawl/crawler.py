@@ -21,6 +21,7 @@ from ..app import App
 from ..backends import Backend
 from ..context import BROWSER, FETCHER, POLITENESS, Context
 from ..errors import ConfigError
+from ..groupcommit import settle
 from ..grouping import NO_GROUP, group_of
 from ..retry import Retry
 from ..tasks import Task
@@ -444,7 +445,7 @@ async def _links_of(html: str, url: str) -> PageLinks:
         finally:
             _LargeParses.end()
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(_settle, read, outcome)
+            loop.call_soon_threadsafe(settle, [(read, outcome)])
 
     threading.Thread(target=run, name="crawlq-links", daemon=True).start()
     try:
@@ -452,15 +453,6 @@ async def _links_of(html: str, url: str) -> PageLinks:
     except TimeoutError:
         what = f"links not read: parsing the page took over {PARSE_TIMEOUT:g}s"
         raise FetchError(Reason.TIMEOUT, url, what) from None
-
-
-def _settle(future: asyncio.Future[PageLinks], outcome: PageLinks | BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
 
 
 class _LargeParses:
