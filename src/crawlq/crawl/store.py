@@ -193,27 +193,25 @@ class WarcStore:
         return await self._commit.run(self._get, url)
 
     def _get(self, url: str) -> StoredResponse | None:
-        redacted = redact_url(url)
-        ref = self._latest_unindexed.get(redacted)
-        if ref is None:
-            row = self._connection().execute(_LATEST, (redacted,)).fetchone()
-            if row is None:
-                return None
-            ref = RecordRef(file=row[0], offset=row[1], length=row[2])
-        return read_record(self.directory, ref)
+        ref = self._latest(url, self._latest_unindexed, _LATEST)
+        return None if ref is None else read_record(self.directory, ref)
 
     async def get_rendition(self, url: str) -> Rendition | None:
         return await self._commit.run(self._get_rendition, url)
 
     def _get_rendition(self, url: str) -> Rendition | None:
+        ref = self._latest(url, self._latest_unindexed_renditions, _LATEST_RENDITION)
+        return None if ref is None else read_rendition(self.directory, ref)
+
+    def _latest(self, url: str, unindexed: dict[str, RecordRef], query: str) -> RecordRef | None:
+        """Where `url`'s latest record is: written since the last sync, else in the index."""
         redacted = redact_url(url)
-        ref = self._latest_unindexed_renditions.get(redacted)
+        ref = unindexed.get(redacted)
         if ref is None:
-            row = self._connection().execute(_LATEST_RENDITION, (redacted,)).fetchone()
-            if row is None:
-                return None
-            ref = RecordRef(file=row[0], offset=row[1], length=row[2])
-        return read_rendition(self.directory, ref)
+            row = self._connection().execute(query, (redacted,)).fetchone()
+            if row is not None:
+                ref = RecordRef(file=row[0], offset=row[1], length=row[2])
+        return ref
 
     def refs(self, url: str) -> list[RecordRef]:
         """Every stored record of `url`, oldest first (blocking: for tools and tests)."""
