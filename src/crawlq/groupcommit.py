@@ -104,10 +104,10 @@ class GroupCommit(Generic[I, R]):
                 by_loop.setdefault(future.get_loop(), []).append((future, outcome))
             for loop, settled in by_loop.items():
                 with contextlib.suppress(RuntimeError):  # that loop is closed: no one waits
-                    loop.call_soon_threadsafe(settle, settled)
+                    loop.call_soon_threadsafe(_settle, settled)
 
 
-def settle(settled: _Settled[R]) -> None:
+def _settle(settled: _Settled[R]) -> None:
     """Hands each future its outcome, a result or an exception (on the future's loop)."""
     for future, outcome in settled:
         if future.done():  # cancelled meanwhile

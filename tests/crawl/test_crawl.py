@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import socket
-import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,11 +16,10 @@ from aiohttp import web
 
 from crawlq import Context, Retry
 from crawlq.app import App
-from crawlq.crawl import crawler, links
+from crawlq.crawl import page_reader
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher
-from crawlq.crawl.links import PageLinks
 from crawlq.crawl.politeness import MAX_PACING_WAIT, Backoff
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
@@ -89,30 +88,33 @@ async def test_pages_linking_in_every_form_real_pages_use_are_each_fetched_once(
     assert all(r[0]["bytes"] > 3_000 for r in records.values())
 
 
-async def test_large_pages_are_read_for_links_in_threads_of_their_own(
+async def test_pages_of_many_tags_are_read_for_links_in_child_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(crawler, "LARGE_PAGE", 2_000)
-    threads = []
-
-    def extract(html: str, url: str) -> PageLinks:
-        threads.append(threading.current_thread().name)
-        return links.extract(html, url)
-
-    monkeypatch.setattr(crawler, "extract", extract)
-    async with SyntheticWeb([Site(name="a.test", pages=12, links=10, text=3_000)]) as net:
-        await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test")], concurrency=4)
-    assert sorted(records_by_url(tmp_path)) == sorted(net.page_urls("a.test"))
-    assert threads == ["crawlq-links"] * 12
+    """The same links as read on the event loop, for every page."""
+    site = Site(name="a.test", pages=12, links=10, text=3_000)
+    async with SyntheticWeb([site]) as net:
+        await Crawl(crawl_settings(net, tmp_path / "inline")).run([net.url("a.test")])
+        monkeypatch.setattr(page_reader, "MAX_INLINE_TAGS", 20)
+        started = _count_children(monkeypatch)
+        await Crawl(crawl_settings(net, tmp_path / "child")).run([net.url("a.test")])
+    inline, child = records_by_url(tmp_path / "inline"), records_by_url(tmp_path / "child")
+    assert sorted(child) == sorted(net.page_urls("a.test"))
+    assert {url: r[0]["links"] for url, r in child.items()} == {
+        url: r[0]["links"] for url, r in inline.items()
+    }
+    assert 1 <= len(started) <= page_reader.PROCESSES
+    assert all(process.returncode is not None for process in started)  # none left running
 
 
 async def test_a_page_too_slow_to_parse_is_recorded_without_its_links_and_the_crawl_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tens of thousands of nested blocks make lexbor's parse quadratic: seconds for this
-    page (40,000 of them, 200 KB), which a worker's event loop cannot wait for."""
-    monkeypatch.setattr(crawler, "LARGE_PAGE", 100_000)
-    monkeypatch.setattr(crawler, "PARSE_TIMEOUT", 0.05)
+    page (40,000 of them, 200 KB), which a worker's event loop cannot wait for; its child
+    process is killed at the timeout, not left to run on."""
+    monkeypatch.setattr(page_reader, "PARSE_TIMEOUT", 0.5)
+    started = _count_children(monkeypatch)
     nested = page_html("deep", ["/only-from-the-deep-page"], "<div>" * 40_000)
     site = Site(name="a.test", pages=4, routes={"/page/1": respond(body=nested)})
     async with SyntheticWeb([site]) as net:
@@ -121,10 +123,25 @@ async def test_a_page_too_slow_to_parse_is_recorded_without_its_links_and_the_cr
     records = records_by_url(tmp_path)
     (deep,) = records[net.url("a.test", "/page/1")]
     assert (deep["status"], deep["error"], deep["links"]) == (200, "timeout", 0)
-    assert "links not read: parsing the page took over 0.05s" in str(deep["detail"])
+    assert "links not read: parsing the page took over 0.5s" in str(deep["detail"])
     assert sorted(records) == sorted(net.page_urls("a.test"))  # the others link to 2 and 3
     assert "/only-from-the-deep-page" not in {hit.path for hit in net.hits}
     assert crawl.stats.errors == 1
+    assert [process.returncode for process in started] == [-signal.SIGKILL]
+
+
+def _count_children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
+    """The processes the crawl's page readers start, as they start them."""
+    started: list[asyncio.subprocess.Process] = []
+    start = page_reader._Child.start
+
+    async def counted(timeout: float) -> page_reader._Child:
+        child = await start(timeout)
+        started.append(child.process)
+        return child
+
+    monkeypatch.setattr(page_reader._Child, "start", counted)
+    return started
 
 
 async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_spaces_requests(

@@ -9,8 +9,6 @@ scheduled "only if new", and the queue's "seen" memory skips what was already fe
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +19,6 @@ from ..app import App
 from ..backends import Backend
 from ..context import BROWSER, FETCHER, POLITENESS, Context
 from ..errors import ConfigError
-from ..groupcommit import settle
 from ..grouping import NO_GROUP, group_of
 from ..retry import Retry
 from ..tasks import Task
@@ -31,7 +28,7 @@ from .browser import Browser, BrowserSettings, Rendered, polite_fetch, require_p
 from .budget import PageBudget
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .fetcher import Fetcher, Login
-from .links import PageLinks, extract
+from .page_reader import PageReader
 from .politeness import Backoff, Politeness
 from .records import JsonlWriter, PageRecord
 from .response import Response
@@ -44,18 +41,10 @@ from .warc import DEFAULT_COMPRESS_LEVEL, DEFAULT_FILE_BYTES, RecordRef, Renditi
 
 STORE = "crawlq.crawl.store"
 RECORDS = "crawlq.crawl.records"
+PAGE_READER = "crawlq.crawl.page_reader"
 PAGES_FILE = "pages.jsonl"
 #: How many links a process remembers as already in the queue (scheduled, kept or seen).
 MAX_KNOWN_LINKS = 100_000
-#: Pages of at least this many characters are read for links in a thread, and given up on
-#: after PARSE_TIMEOUT seconds: lexbor's parse lets go of the GIL, and some markup makes it
-#: quadratic (40,000 nested <div>, 200 KB, take it 4 s; a 10 MB page of them, hours), which
-#: on the event loop would stall every task of the worker, heartbeats included.
-LARGE_PAGE = 256 * 1024
-PARSE_TIMEOUT = 30.0
-#: A thread reading a page runs on past its timeout (it cannot be stopped): while this many
-#: do, other large pages are recorded without their links rather than start more.
-MAX_LARGE_PARSES = 4
 WARC_DIR = "warc"
 
 
@@ -177,6 +166,7 @@ class Crawl:
             ),
         )
         self.app.provide(RECORDS, lambda: _RecordsResource(self.out / PAGES_FILE))
+        self.app.provide(PAGE_READER, PageReader)
         if settings.render:
             require_playwright("rendering pages (--render)")
             self.app.provide(BROWSER, lambda: Browser(settings.browser))
@@ -305,12 +295,13 @@ class Crawl:
         error: FetchError | None = None
         rendition: RecordRef | None = None
         if response.is_html and 200 <= response.status < 300:
+            reader: PageReader = ctx.app.shared(PAGE_READER)
             try:
                 if rendered is not None and rendered.html is not None:
                     rendition = await store.put_rendition(_rendition(rendered, rendered.html))
-                    page = await _links_of(rendered.html, rendered.url)
+                    page = await reader.links(rendered.html, rendered.url)
                 else:
-                    page = await _links_of(response.text(), response.url)
+                    page = await reader.links(response.text(), response.url)
             except FetchError as exc:
                 error = exc
             else:
@@ -426,53 +417,6 @@ class KnownLinks:
         if len(known) + len(links) > self.limit:
             known.clear()
         known.update(links)
-
-
-async def _links_of(html: str, url: str) -> PageLinks:
-    """The page's title and links; a large page's read in a thread of its own (LARGE_PAGE),
-    a daemon, so that one still reading when the crawl ends does not hold the process."""
-    if len(html) < LARGE_PAGE:
-        return extract(html, url)
-    loop = asyncio.get_running_loop()
-    read: asyncio.Future[PageLinks] = loop.create_future()
-    _LargeParses.start(url)
-
-    def run() -> None:
-        try:
-            outcome: PageLinks | BaseException = extract(html, url)
-        except BaseException as exc:  # handed to the task, which raises it
-            outcome = exc
-        finally:
-            _LargeParses.end()
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, [(read, outcome)])
-
-    threading.Thread(target=run, name="crawlq-links", daemon=True).start()
-    try:
-        return await asyncio.wait_for(read, PARSE_TIMEOUT)
-    except TimeoutError:
-        what = f"links not read: parsing the page took over {PARSE_TIMEOUT:g}s"
-        raise FetchError(Reason.TIMEOUT, url, what) from None
-
-
-class _LargeParses:
-    """Counts the threads reading large pages, timed out ones included."""
-
-    running = 0
-    _lock = threading.Lock()
-
-    @classmethod
-    def start(cls, url: str) -> None:
-        with cls._lock:
-            if cls.running >= MAX_LARGE_PARSES:
-                what = f"links not read: {cls.running} large pages are being read already"
-                raise FetchError(Reason.TIMEOUT, url, what)
-            cls.running += 1
-
-    @classmethod
-    def end(cls) -> None:
-        with cls._lock:
-            cls.running -= 1
 
 
 def _rendition(rendered: Rendered, html: str) -> Rendition:

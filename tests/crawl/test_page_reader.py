@@ -1,0 +1,114 @@
+"""Pages of many tags are read in child processes that a runaway parse cannot outlast."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from crawlq.crawl import page_reader
+from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.links import extract
+from crawlq.crawl.page_reader import MAX_INLINE_TAGS, PageReader, inline
+
+URL = "http://a.test/dir/page"
+#: 6,000 anchors: more tags than a page read on the event loop may have.
+MANY = (
+    "<html><head><title>Many \u2013 \u00fcn\u00ef</title></head><body>"
+    + "".join(f"<p><a href='../p/{n}?q=\u00e9#f'>{n}</a><a href=/p/{n}>2</a>" for n in range(3_000))
+    + "<a href='https://b.test/x'>b</a><a rel=nofollow href='/no'>no</a></body></html>"
+)
+DEEP = "<html><body>" + "<div>" * 40_000 + "<a href='/under'>u</a>"  # seconds to parse
+
+
+def children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
+    started: list[asyncio.subprocess.Process] = []
+    start = page_reader._Child.start
+
+    async def counted(timeout: float) -> page_reader._Child:
+        child = await start(timeout)
+        started.append(child.process)
+        return child
+
+    monkeypatch.setattr(page_reader._Child, "start", counted)
+    return started
+
+
+def test_pages_of_few_tags_are_read_inline_whatever_their_size() -> None:
+    assert inline("<p>" + "text " * 100_000)
+    assert inline("<p>" * MAX_INLINE_TAGS)
+    assert not inline("<p>" * (MAX_INLINE_TAGS + 1))
+    assert not inline(MANY)
+
+
+async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started = children(monkeypatch)
+    reader = PageReader()
+    try:
+        for base in (URL, "http://c.test/other/", URL):
+            assert await reader.links(MANY, base) == extract(MANY, base)
+        small = "<title>s</title><a href='x'>x</a>"
+        assert await reader.links(small, URL) == extract(small, URL)
+    finally:
+        await reader.aclose()
+    assert len(started) == 1  # one child read them all, one after another
+    assert started[0].returncode == -signal.SIGKILL  # ended with the reader
+
+
+async def test_a_runaway_parse_is_killed_and_the_next_page_gets_a_new_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    started = children(monkeypatch)
+    reader = PageReader(timeout=0.5)
+    try:
+        with pytest.raises(FetchError) as caught:
+            await reader.links(DEEP, URL)
+        assert caught.value.reason is Reason.TIMEOUT
+        assert "parsing the page took over 0.5s" in str(caught.value)
+        assert started[0].returncode == -signal.SIGKILL
+        assert await reader.links(MANY, URL) == extract(MANY, URL)
+    finally:
+        await reader.aclose()
+    assert len(started) == 2
+
+
+async def test_a_child_that_died_fails_its_page_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = children(monkeypatch)
+    reader = PageReader()
+    try:
+        await reader.links(MANY, URL)
+        os.kill(started[0].pid, signal.SIGKILL)  # as the kernel's OOM killer would
+        with pytest.raises(RuntimeError, match=r"its process ended \(exit code -9\)"):
+            await reader.links(MANY, URL)
+        assert await reader.links(MANY, URL) == extract(MANY, URL)
+    finally:
+        await reader.aclose()
+    assert len(started) == 2
+
+
+async def test_a_cancelled_read_kills_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = children(monkeypatch)
+    reader = PageReader()
+    read = asyncio.create_task(reader.links(DEEP, URL))
+    while not started:  # the child is up; its parse takes seconds
+        await asyncio.sleep(0.01)
+    read.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    assert started[0].returncode == -signal.SIGKILL
+    await reader.aclose()
+
+
+async def test_at_most_processes_children_read_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = children(monkeypatch)
+    reader = PageReader(processes=2)
+    try:
+        pages = await asyncio.gather(*(reader.links(MANY, f"{URL}/{n}") for n in range(6)))
+    finally:
+        await reader.aclose()
+    assert pages == [extract(MANY, f"{URL}/{n}") for n in range(6)]
+    assert len(started) == 2
