@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from crawlq.crawl import page_reader
 from crawlq.crawl.crawler import CrawlSettings
 from crawlq.crawl.politeness import Backoff
 from crawlq.crawl.scope import Scope
@@ -31,3 +35,17 @@ def crawl_settings(net: SyntheticWeb, out: Path, **options: Any) -> CrawlSetting
     options.setdefault("retry", FAST_RETRY)
     options.setdefault("backoff", Backoff(after=100))
     return CrawlSettings(out=out, fetch=fetch, **options)
+
+
+def started_children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
+    """The processes page readers start to read pages, as they start them."""
+    started: list[asyncio.subprocess.Process] = []
+    start = page_reader._Child.start
+
+    async def counted(timeout: float) -> page_reader._Child:
+        child = await start(timeout)
+        started.append(child.process)
+        return child
+
+    monkeypatch.setattr(page_reader._Child, "start", counted)
+    return started

@@ -29,7 +29,7 @@ from crawlq.crawl.testing import Site, SyntheticWeb, hang, redirect, respond
 from crawlq.crawl.testing.sites import more_links, page_html
 from crawlq.worker import Worker
 
-from .conftest import FAST_RETRY, crawl_settings, fetch_settings
+from .conftest import FAST_RETRY, crawl_settings, fetch_settings, started_children
 
 
 def records_by_url(out: Path) -> dict[str, list[dict[str, Any]]]:
@@ -96,7 +96,7 @@ async def test_pages_of_many_tags_are_read_for_links_in_child_processes(
     async with SyntheticWeb([site]) as net:
         await Crawl(crawl_settings(net, tmp_path / "inline")).run([net.url("a.test")])
         monkeypatch.setattr(page_reader, "MAX_INLINE_TAGS", 20)
-        started = _count_children(monkeypatch)
+        started = started_children(monkeypatch)
         await Crawl(crawl_settings(net, tmp_path / "child")).run([net.url("a.test")])
     inline, child = records_by_url(tmp_path / "inline"), records_by_url(tmp_path / "child")
     assert sorted(child) == sorted(net.page_urls("a.test"))
@@ -114,7 +114,7 @@ async def test_a_page_too_slow_to_parse_is_recorded_without_its_links_and_the_cr
     page (40,000 of them, 200 KB), which a worker's event loop cannot wait for; its child
     process is killed at the timeout, not left to run on."""
     monkeypatch.setattr(page_reader, "PARSE_TIMEOUT", 0.5)
-    started = _count_children(monkeypatch)
+    started = started_children(monkeypatch)
     nested = page_html("deep", ["/only-from-the-deep-page"], "<div>" * 40_000)
     site = Site(name="a.test", pages=4, routes={"/page/1": respond(body=nested)})
     async with SyntheticWeb([site]) as net:
@@ -128,20 +128,6 @@ async def test_a_page_too_slow_to_parse_is_recorded_without_its_links_and_the_cr
     assert "/only-from-the-deep-page" not in {hit.path for hit in net.hits}
     assert crawl.stats.errors == 1
     assert [process.returncode for process in started] == [-signal.SIGKILL]
-
-
-def _count_children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
-    """The processes the crawl's page readers start, as they start them."""
-    started: list[asyncio.subprocess.Process] = []
-    start = page_reader._Child.start
-
-    async def counted(timeout: float) -> page_reader._Child:
-        child = await start(timeout)
-        started.append(child.process)
-        return child
-
-    monkeypatch.setattr(page_reader._Child, "start", counted)
-    return started
 
 
 async def test_robots_disallowed_pages_are_never_requested_and_crawl_delay_spaces_requests(

@@ -8,10 +8,11 @@ import signal
 
 import pytest
 
-from crawlq.crawl import page_reader
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.links import extract
 from crawlq.crawl.page_reader import MAX_INLINE_TAGS, PageReader, inline
+
+from .conftest import started_children
 
 URL = "http://a.test/dir/page"
 #: 6,000 anchors: more tags than a page read on the event loop may have.
@@ -21,19 +22,6 @@ MANY = (
     + "<a href='https://b.test/x'>b</a><a rel=nofollow href='/no'>no</a></body></html>"
 )
 DEEP = "<html><body>" + "<div>" * 40_000 + "<a href='/under'>u</a>"  # seconds to parse
-
-
-def children(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.subprocess.Process]:
-    started: list[asyncio.subprocess.Process] = []
-    start = page_reader._Child.start
-
-    async def counted(timeout: float) -> page_reader._Child:
-        child = await start(timeout)
-        started.append(child.process)
-        return child
-
-    monkeypatch.setattr(page_reader._Child, "start", counted)
-    return started
 
 
 def test_pages_of_few_tags_are_read_inline_whatever_their_size() -> None:
@@ -46,7 +34,7 @@ def test_pages_of_few_tags_are_read_inline_whatever_their_size() -> None:
 async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    started = children(monkeypatch)
+    started = started_children(monkeypatch)
     reader = PageReader()
     try:
         for base in (URL, "http://c.test/other/", URL):
@@ -62,7 +50,7 @@ async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
 async def test_a_runaway_parse_is_killed_and_the_next_page_gets_a_new_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    started = children(monkeypatch)
+    started = started_children(monkeypatch)
     reader = PageReader(timeout=0.5)
     try:
         with pytest.raises(FetchError) as caught:
@@ -77,7 +65,7 @@ async def test_a_runaway_parse_is_killed_and_the_next_page_gets_a_new_child(
 
 
 async def test_a_child_that_died_fails_its_page_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    started = children(monkeypatch)
+    started = started_children(monkeypatch)
     reader = PageReader()
     try:
         await reader.links(MANY, URL)
@@ -91,7 +79,7 @@ async def test_a_child_that_died_fails_its_page_only(monkeypatch: pytest.MonkeyP
 
 
 async def test_a_cancelled_read_kills_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    started = children(monkeypatch)
+    started = started_children(monkeypatch)
     reader = PageReader()
     read = asyncio.create_task(reader.links(DEEP, URL))
     while not started:  # the child is up; its parse takes seconds
@@ -104,7 +92,7 @@ async def test_a_cancelled_read_kills_its_child(monkeypatch: pytest.MonkeyPatch)
 
 
 async def test_at_most_processes_children_read_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    started = children(monkeypatch)
+    started = started_children(monkeypatch)
     reader = PageReader(processes=2)
     try:
         pages = await asyncio.gather(*(reader.links(MANY, f"{URL}/{n}") for n in range(6)))
