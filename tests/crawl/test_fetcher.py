@@ -15,8 +15,10 @@ from pathlib import Path
 import brotli
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from crawlq.backends import open_backend
+from crawlq.crawl import fetcher as fetcher_module
 from crawlq.crawl import politeness as politeness_module
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher, Login, Session
@@ -94,6 +96,56 @@ async def test_a_redirect_to_the_same_url_with_a_new_cookie_is_followed(
     assert response.status == 200 and [h.status for h in response.history] == [302]
     assert caught.value.reason is Reason.REDIRECT_LOOP  # no new cookie: a loop, as before
     assert paths(net, "a.test") == ["/robots.txt", "/gate", "/gate", "/again"]
+
+
+async def test_credentials_stay_with_their_origin_across_redirects(net: SyntheticWeb) -> None:
+    """The caller's Authorization, Cookie and Proxy-Authorization, and a login hook's token
+    on its session, go to the first URL's origin (and the login domain) only: not to the
+    host a redirect leads to, nor back from it."""
+    site = net.sites["a.test"]
+    site.routes["/api"] = redirect("/same")
+    site.routes["/same"] = redirect(net.url("b.test", "/elsewhere"))
+    net.sites["b.test"].routes["/elsewhere"] = redirect(net.url("a.test", "/back"))
+    secrets = {"Authorization": "Bearer T", "Cookie": "sid=S", "Proxy-Authorization": "Basic P"}
+
+    async def sign_in(session: Session) -> None:
+        session.client.headers["Authorization"] = "Bearer LOGIN"
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        response = await fetcher.fetch(net.url("a.test", "/api"), headers=secrets)
+        fetcher.add_login("a.test", Login(perform=sign_in))
+        await fetcher.fetch(net.url("a.test", "/api"))
+    assert response.url == net.url("a.test", "/back")
+
+    def sent(hit_path: str) -> list[dict[str, str | None]]:
+        names = ("Authorization", "Cookie", "Proxy-Authorization")
+        hits = [hit for hit in net.hits if hit.path == hit_path]
+        return [{name: hit.headers.get(name) for name in names} for hit in hits]
+
+    nothing = dict.fromkeys(secrets)
+    assert sent("/api") == [secrets, {**nothing, "Authorization": "Bearer LOGIN"}]
+    assert sent("/same") == [secrets, {**nothing, "Authorization": "Bearer LOGIN"}]
+    assert sent("/elsewhere") == [nothing, nothing]
+    assert sent("/back") == [nothing, nothing]
+
+
+@pytest.mark.parametrize(
+    ("first", "hop", "domain", "trusted"),
+    [
+        ("http://a.test/x", "http://a.test:80/y", "", True),
+        ("http://a.test/x", "http://a.test:81/y", "", False),
+        ("http://a.test/x", "https://a.test/y", "", False),
+        ("http://a.test/x", "http://b.a.test/y", "", False),
+        ("http://a.test/x", "http://b.a.test/y", "a.test", True),
+        ("http://b.a.test/x", "https://a.test/y", "a.test", True),
+        ("https://a.test/x", "http://a.test/y", "a.test", False),  # from https to http
+        ("http://a.test/x", "http://xa.test/y", "a.test", False),
+        ("http://a.test/x", "http://b.test/y", "a.test", False),
+    ],
+)
+def test_which_hops_credentials_may_go_to(first: str, hop: str, domain: str, trusted: bool) -> None:
+    session = Session(Fetcher(), None, None, domain)  # type: ignore[arg-type]
+    assert fetcher_module._trusted(session, URL(first), URL(hop)) is trusted
 
 
 async def test_a_utf8_location_is_read_as_utf8(net: SyntheticWeb) -> None:

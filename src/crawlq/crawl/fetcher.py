@@ -73,6 +73,9 @@ MAX_LINE = 8190
 MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
+#: Headers a redirect to another origin does not carry, whether the caller or the session
+#: (a login hook's token) set them; the cookie jar still sends the new origin its own.
+CREDENTIAL_HEADERS = ("Authorization", "Cookie", "Proxy-Authorization")
 
 
 def logged_out(response: Response) -> bool:
@@ -99,14 +102,17 @@ def _in_domain(host: str, domain: str) -> bool:
 
 
 class Session:
-    """The cookies (and login) of one domain; what a login hook signs in with."""
+    """The cookies (and login) of one domain ("" for the session of every other host); what
+    a login hook signs in with. Headers it sets on `client` go only to its domain's hosts,
+    and not from https to http."""
 
     def __init__(
-        self, fetcher: Fetcher, client: aiohttp.ClientSession, login: Login | None
+        self, fetcher: Fetcher, client: aiohttp.ClientSession, login: Login | None, domain: str
     ) -> None:
         self.fetcher = fetcher
         self.client = client
         self.login = login
+        self.domain = domain
         self.generation = 0  # counts logins, so concurrent expiries log in only once
         self._lock = asyncio.Lock()
 
@@ -152,6 +158,8 @@ class Fetcher:
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
         self._dns_cleared = time.monotonic()
         self._slot: ContextVar[SendSlot | None] = ContextVar("send_slot", default=None)
+        # Whether the hop being sent is one credentials may not go with (`_trusted`).
+        self._untrusted: ContextVar[bool] = ContextVar("untrusted", default=False)
         self._pending = PendingAnswers()
         # The hop `_send_once` is doing: where its request went (host, connection).
         self._hop: ContextVar[list[tuple[str, ResponseHandler]] | None] = ContextVar(
@@ -268,7 +276,7 @@ class Fetcher:
                 cookie_jar=aiohttp.CookieJar(),
                 request_class=self._request_class,
             )
-            session = Session(self, client, self._logins.get(domain))
+            session = Session(self, client, self._logins.get(domain), domain)
             self._sessions[domain] = session
         return session
 
@@ -312,8 +320,15 @@ class Fetcher:
         current_slot = self._slot
         pending = self._pending
         current_hop = self._hop
+        untrusted = self._untrusted
 
         class NotedRequest(aiohttp.ClientRequest):
+            def update_headers(self, headers: Any) -> None:
+                super().update_headers(headers)  # the caller's and the session's, merged
+                if untrusted.get():
+                    for name in CREDENTIAL_HEADERS:
+                        self.headers.popall(name, None)
+
             async def send(self, conn: Connection) -> aiohttp.ClientResponse:
                 # Two loop turns before anything is written, so a timer due by now runs
                 # first: the worker's lease watchdog, after the process was stopped or
@@ -405,6 +420,8 @@ class Fetcher:
         visited = {url: 0}
         cookie_hop = -1  # the last hop whose answer set a cookie
         current = url
+        first = _parsed(url)
+        trusted = True  # once a hop is not, no later one is (as aiohttp and browsers do)
         total = self.settings.timeouts.total
         while True:
             spent = sum(hop.elapsed for hop in history)
@@ -412,6 +429,7 @@ class Fetcher:
                 if check is not None:
                     await check(current)
                 parsed = _parsed(current)
+                trusted = trusted and _trusted(session, first, parsed)
                 await self._check_address(current, parsed)
                 if use_robots:
                     slot = None
@@ -427,10 +445,14 @@ class Fetcher:
                         Reason.TIMEOUT, current, f"redirects took over the total timeout {total:g}s"
                     )
                 budget = total - spent
-                with self._sending_on(slot):
-                    response = await self._send(
-                        session.client, method, current, parsed, data, headers, budget, keep
-                    )
+                untrusted = self._untrusted.set(not trusted)
+                try:
+                    with self._sending_on(slot):
+                        response = await self._send(
+                            session.client, method, current, parsed, data, headers, budget, keep
+                        )
+                finally:
+                    self._untrusted.reset(untrusted)
             except Throttled as exc:
                 raise Throttled(
                     exc.url, exc.until, exc.detail, responses=history, answered=exc.answered
@@ -585,6 +607,22 @@ class Fetcher:
 
 class _StaleConnection(Exception):
     """A pooled connection the server closed while the request waited to be written."""
+
+
+def _trusted(session: Session, first: URL | None, hop: URL | None) -> bool:
+    """Whether a request's credential headers may go with its hop to `hop`: the origin of
+    its first URL, `first`, or a host of the session's login domain reached without going
+    from https to http."""
+    if first is None or hop is None:
+        return False
+    try:
+        if (hop.scheme, hop.host, hop.port) == (first.scheme, first.host, first.port):
+            return True
+        host = (hop.host or "").lower()
+    except ValueError:
+        return False
+    downgrade = first.scheme == "https" and hop.scheme != "https"
+    return bool(session.domain) and _in_domain(host, session.domain) and not downgrade
 
 
 def _parsed(url: str) -> URL | None:
