@@ -186,6 +186,22 @@ async def test_through_a_proxy_the_target_is_checked_before_it_is_sent(
     assert net.hits_for("inner.test") == [] and net.hits_for("alias.test") == []
 
 
+async def test_the_proxys_own_name_passes_the_guard_as_the_proxy_only(
+    net: SyntheticWeb,
+) -> None:
+    """The operator chose the proxy, so its name is not checked when connecting to it; a
+    page that names it as a target (a service on the proxy's own host) is refused."""
+    resolve = {**net.resolve, "proxy.test": "127.0.0.1"}
+    async with ForwardProxy(resolve) as proxy:
+        through = (f"http://proxy.test:{proxy.port}",)
+        async with only_open(net, resolve=resolve, proxies=through) as fetcher:
+            allowed = await fetcher.fetch(net.url("open.test"))
+            target = await refused(fetcher, f"http://proxy.test:{net.ports['inner.test']}/")
+    assert allowed.status == 200
+    assert "proxy.test resolves to 127.0.0.1, a loopback address" in target.detail
+    assert proxy.requests == [net.url("open.test", "/robots.txt"), net.url("open.test")]
+
+
 async def test_a_login_at_a_refused_address_fails_as_blocked_not_as_a_retryable_login(
     net: SyntheticWeb,
 ) -> None:

@@ -151,7 +151,8 @@ class Fetcher:
         self._logins: dict[str, Login] = {}
         self._sessions: dict[str, Session] = {}
         self._connector: aiohttp.TCPConnector | None = None
-        self._resolver: GuardedResolver | None = None
+        self._resolver: GuardedResolver | None = None  # the connector's: proxies pass
+        self._targets: GuardedResolver | None = None  # checks where proxied requests go
         self.guard = AddressGuard(self.settings.allow_networks)
         self._verdicts: dict[str, tuple[float, str | None]] = {}  # proxied host -> refusal
         self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
@@ -198,9 +199,9 @@ class Fetcher:
             settings = self.settings
             fallback = None if settings.resolve_only else aiohttp.ThreadedResolver()
             proxies = (URL(proxy).raw_host or "" for proxy in settings.proxies)
-            self._resolver = GuardedResolver(
-                StaticResolver(settings.resolve, fallback), self.guard, exempt=proxies
-            )
+            names = StaticResolver(settings.resolve, fallback)
+            self._resolver = GuardedResolver(names, self.guard, exempt=proxies)
+            self._targets = GuardedResolver(names, self.guard)
             self._connector = aiohttp.TCPConnector(
                 limit=settings.connections,
                 use_dns_cache=True,
@@ -237,9 +238,9 @@ class Fetcher:
         if cached is not None and cached[0] > now:
             return cached[1]
         self._connector_now()
-        assert self._resolver is not None
+        assert self._targets is not None
         try:
-            await self._resolver.resolve(host, port)
+            await self._targets.resolve(host, port)
             refusal = None
         except BlockedAddress as exc:
             refusal = str(exc)
