@@ -4,6 +4,7 @@ charsets, proxies, logins."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import gzip
 import resource
@@ -195,6 +196,35 @@ async def test_each_hop_is_checked_against_scope_and_robots_before_it_is_request
     assert direct.value.reason is Reason.ROBOTS_DISALLOWED
     assert net.hits_for("b.test") == []
     assert paths(net, "a.test") == ["/robots.txt", "/to-b", "/to-private"]
+
+
+async def test_robots_txt_of_a_site_behind_a_password_is_asked_with_that_password(
+    net: SyntheticWeb,
+) -> None:
+    """The rules are the host's, kept once for every user; the password is case-sensitive."""
+    password = "Basic " + base64.b64encode(b"Ann:S3cRet").decode()
+
+    async def members_only(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != password:
+            return web.Response(status=401, headers={"WWW-Authenticate": "Basic"})
+        if request.path == "/robots.txt":
+            return web.Response(text="User-agent: *\nDisallow: /private\n")
+        return web.Response(text="members")
+
+    site = net.sites["b.test"]
+    for path in ("/robots.txt", "/private", "/open"):
+        site.routes[path] = members_only
+    port = net.ports["b.test"]
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        with pytest.raises(FetchError) as caught:
+            await fetcher.fetch(f"http://Ann:S3cRet@b.test:{port}/private")
+        opened = await fetcher.fetch(f"http://Ann:S3cRet@B.test:{port}/open")
+        with pytest.raises(FetchError) as other_user:
+            await fetcher.fetch(f"http://Bob:pw@b.test:{port}/private")
+    assert caught.value.reason is other_user.value.reason is Reason.ROBOTS_DISALLOWED
+    assert opened.text() == "members"
+    assert paths(net, "b.test") == ["/robots.txt", "/open"]
+    assert [hit.status for hit in net.hits_for("b.test")] == [200, 200]
 
 
 async def test_robots_txt_is_fetched_once_per_host_even_by_concurrent_requests(

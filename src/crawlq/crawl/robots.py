@@ -45,9 +45,17 @@ class Rules:
 
 @functools.lru_cache(maxsize=4096)
 def origin(url: str) -> str:
-    """scheme://netloc of `url`, lower-cased (remembered: a page asks it several times)."""
+    """scheme://host[:port] of `url`, lower-cased, without its userinfo: the rules of a
+    host, whoever asks (remembered: a page asks it several times)."""
     parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+    return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}"
+
+
+def robots_url(url: str) -> str:
+    """The robots.txt of `url`'s host, asked with `url`'s credentials as they are written
+    (a password is case-sensitive): a site behind a login serves its rules to its users."""
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{parts.netloc}/robots.txt"
 
 
 class RobotsCache:
@@ -77,21 +85,21 @@ class RobotsCache:
                 return cached
             pending = self._pending.get(key)
             if pending is None:
-                return await self._load_for_all(key)
+                return await self._load_for_all(key, robots_url(url))
             # Unlike awaiting it, waiting leaves `pending` alone when this task is cancelled.
             await asyncio.wait([pending])
             if not pending.cancelled():
                 return pending.result()
             # The task fetching it was cancelled: one of those waiting fetches it instead.
 
-    async def _load_for_all(self, key: str) -> Rules:
+    async def _load_for_all(self, key: str, url: str) -> Rules:
         """Loads `key`'s rules for this task and every one that asks meanwhile. If this task
         is cancelled, so is the request (its lease or send slot may be gone): the others are
         woken, and the first of them fetches robots.txt again, on its own slot."""
         future: asyncio.Future[Rules] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            rules = await self._load(key)
+            rules = await self._load(url)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -107,10 +115,10 @@ class RobotsCache:
         future.set_result(rules)
         return rules
 
-    async def _load(self, key: str) -> Rules:
+    async def _load(self, url: str) -> Rules:
         now = self._clock()
         try:
-            response = await self._fetch(f"{key}/robots.txt")
+            response = await self._fetch(url)
         except Throttled:
             raise  # not sent (its pacing put it back): robots.txt is not unavailable
         except FetchError as exc:
