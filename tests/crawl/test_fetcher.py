@@ -23,7 +23,7 @@ from crawlq.crawl import fetcher as fetcher_module
 from crawlq.crawl import politeness as politeness_module
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher, Login, Session
-from crawlq.crawl.politeness import Politeness
+from crawlq.crawl.politeness import Backoff, Politeness
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import FetchSettings, Timeouts
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb, hang, redirect, respond
@@ -693,6 +693,67 @@ async def test_a_worker_forgets_send_times_and_names_of_hosts_it_left_behind(
             assert [hit.path for hit in net.hits_for("h0.test")][-1] == "/page/1"
     finally:
         await backend.close()
+
+
+async def test_a_worker_forgets_ended_blocks_old_failures_and_delays_of_idle_hosts(
+    tmp_path: Path,
+) -> None:
+    """What politeness keeps by group lasts while it matters: a block until it ends, failures
+    in a row FAILURE_MEMORY after the last (not while a backoff they caused lasts), and a
+    Crawl-delay while this worker has a send to the group within its longest gap."""
+    now = [1_000.0]
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    politeness = Politeness(
+        backend, backoff=Backoff(after=2, base=7_200, cap=7_200), clock=lambda: now[0]
+    )
+    try:
+        await politeness.block("paused.test", 1_010.0, "429 Retry-After 10")
+        await politeness.failed("once.test", "HTTP 500")
+        await politeness.failed("backed-off.test", "HTTP 500")
+        await politeness.failed("backed-off.test", "HTTP 500")  # blocked 7,200 s
+        await politeness.crawl_delay("idle.test", 2.0)
+        await politeness.crawl_delay("busy.test", 2.0)
+        async with Fetcher() as fetcher:
+            now[0] += politeness_module.TIDY_EVERY
+            politeness.sent_at("busy.test", now[0])
+            politeness.tidy(fetcher)
+            assert politeness._blocked.keys() == {"backed-off.test"}
+            assert politeness._block_reasons.keys() == {"backed-off.test"}
+            assert politeness._delays == {"busy.test": 2.0}
+            assert politeness._failures.keys() == {"once.test", "backed-off.test"}
+            now[0] += politeness_module.FAILURE_MEMORY
+            politeness.tidy(fetcher)
+            assert politeness._failures.keys() == {"backed-off.test"}  # still blocked
+            now[0] += 7_200
+            politeness.tidy(fetcher)
+            assert politeness._failures == {} and politeness._blocked == {}
+        assert await backend.crawl_delays() == {"idle.test": 2.0, "busy.test": 2.0}
+    finally:
+        await backend.close()
+
+
+async def test_a_host_that_answers_a_redirect_has_not_failed_in_a_row(
+    net: SyntheticWeb, tmp_path: Path
+) -> None:
+    answers = iter([respond(500, "down"), redirect(net.url("b.test", "/page/1"))])
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        return await next(answers)(request)
+
+    net.sites["a.test"].routes["/moved"] = flaky
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    politeness = Politeness(backend)
+    try:
+        async with Fetcher(fetch_settings(net)) as fetcher:
+            first = await politeness.fetch(fetcher, net.url("a.test", "/moved"))
+            assert politeness._failures.keys() == {"a.test"}
+            second = await politeness.fetch(fetcher, net.url("a.test", "/moved"))
+    finally:
+        await backend.close()
+    assert (first.status, second.status) == (500, 200)
+    assert politeness._failures == {}
 
 
 def resolved_names(fetcher: Fetcher) -> set[str]:

@@ -70,7 +70,7 @@ async def test_a_child_that_died_fails_its_page_only(monkeypatch: pytest.MonkeyP
     try:
         await reader.links(MANY, URL)
         os.kill(started[0].pid, signal.SIGKILL)  # as the kernel's OOM killer would
-        with pytest.raises(RuntimeError, match=r"its process ended \(exit code -9\)"):
+        with pytest.raises(RuntimeError, match=r"its process ended \(exit code -?\d+\)"):
             await reader.links(MANY, URL)
         assert await reader.links(MANY, URL) == extract(MANY, URL)
     finally:

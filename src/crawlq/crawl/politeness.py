@@ -73,8 +73,11 @@ MIN_LEAD = 0.002
 SPIN_FINISH = 0.001
 #: How long the limit rules read from the backend are trusted before they are read again.
 LIMITS_TTL = 5.0
-#: Seconds between prunings of the send times kept by host and group (`Politeness.tidy`).
+#: Seconds between prunings of what a worker keeps by host and group (`Politeness.tidy`).
 TIDY_EVERY = 60.0
+#: A group's failures in a row are forgotten after this long without another, once its
+#: backoff has ended: a host that failed an hour ago has not failed "in a row" since.
+FAILURE_MEMORY = 3600.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -221,7 +224,7 @@ class Politeness:
         self.clock = clock
         self._blocked: dict[str, float] = {}
         self._block_reasons: dict[str, str] = {}
-        self._failures: dict[str, int] = {}
+        self._failures: dict[str, tuple[int, float]] = {}  # in a row, and when the last
         self._delays: dict[str, float] = {}  # the Crawl-delays this worker read
         # Any worker's, of the groups asked since the rules were last read: a broad crawl
         # stores one for every host whose robots.txt asks, too many to read them all.
@@ -375,10 +378,14 @@ class Politeness:
         self._last_sent[group] = max(when, self._last_sent.get(group, 0.0))
 
     def tidy(self, fetcher: Fetcher) -> None:
-        """Every TIDY_EVERY seconds, forgets the send times (this worker's, by group, and the
-        fetcher's, by host) from before the longest gap it paced by: `earliest` reads them as
-        it reads none. A crawl over millions of hosts then keeps those of the hosts it is
-        crawling, not of every host it saw."""
+        """Every TIDY_EVERY seconds, forgets what a crawl over millions of hosts would
+        otherwise keep for every host it saw, not only those it is crawling:
+        - send times (this worker's, by group, and the fetcher's, by host) from before the
+          longest gap it paced by: `earliest` reads them as it reads none;
+        - blocks that ended;
+        - failures in a row, FAILURE_MEMORY after the last, unless the group is blocked;
+        - Crawl-delays of groups with none of those send times left: the next request to
+          one reads its delay again (robots.txt's, or the backend's), before it is paced."""
         now = self.clock()
         if now - self._tidied < TIDY_EVERY:
             return
@@ -386,6 +393,15 @@ class Politeness:
         horizon = now - self._longest_gap
         forget_before(self._last_sent, horizon)
         fetcher.forget_sent_before(horizon)
+        for group in [group for group, until in self._blocked.items() if until <= now]:
+            del self._blocked[group]
+            self._block_reasons.pop(group, None)
+        stale = now - FAILURE_MEMORY
+        for group in [g for g, (_, last) in self._failures.items() if last < stale]:
+            if group not in self._blocked:
+                del self._failures[group]
+        for group in [group for group in self._delays if group not in self._last_sent]:
+            del self._delays[group]
 
     def blocked_until(self, group: str) -> float | None:
         until = self._blocked.get(group)
@@ -470,6 +486,8 @@ class Politeness:
             reason = f"{response.status} Retry-After {response.header('Retry-After') or '-'}"
             await self.block(last_group, until, reason)
             raise Throttled(response.url, until, reason, responses=response.chain, answered=True)
+        for hop in response.history:  # each answered, so none has failed in a row
+            self._failures.pop(group_of(hop.url), None)
         if response.status >= 500:
             await self.failed(last_group, f"HTTP {response.status}")
         else:
@@ -527,8 +545,8 @@ class Politeness:
             log.warning("storing Crawl-delays and pauses again failed (%s); next request", exc)
 
     async def failed(self, group: str, what: str) -> None:
-        count = self._failures.get(group, 0) + 1
-        self._failures[group] = count
+        count = self._failures.get(group, (0, 0.0))[0] + 1
+        self._failures[group] = (count, self.clock())
         pause = self.backoff.pause(count)
         if pause is not None:
             reason = f"backing off {pause:g}s: {count} failures in a row (last: {what})"
