@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from inspect import iscoroutinefunction
 from typing import Any, TypeVar, overload
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from . import checks
 from .backends import DEFAULT_URL, Backend, open_backend
@@ -41,6 +41,11 @@ def schedule_mode(only_if_earlier: bool, only_if_new: bool) -> Mode:
     return Mode.ONLY_IF_NEW if only_if_new else Mode.OVERWRITE
 
 
+#: Characters a password in a backend URL must have percent-encoded (%22 %27 %3C %3E): they
+#: end a URL in a text, so `redact` could not mask the password before them.
+_ENCODE_IN_USERINFO = frozenset("\"'<>")
+
+
 def check_backend_url(url: str) -> str:
     """A backend URL that can be opened and shown: text without control characters, valid
     Unicode, a port in range. Errors show it with its credentials masked."""
@@ -53,9 +58,16 @@ def check_backend_url(url: str) -> str:
         problem = "holds control characters"
     if problem is None:
         try:
-            urlsplit(url).port  # noqa: B018 - raises ValueError for a malformed address
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a malformed address
         except ValueError as exc:
             problem = f"is malformed: {exc}"
+        else:
+            userinfo, at, host = parts.netloc.rpartition("@")
+            if at and any(c in _ENCODE_IN_USERINFO or c.isspace() for c in userinfo):
+                # Where those end a URL in a text, it is not masked there: not shown at all.
+                shown = urlunsplit(parts._replace(netloc=f"***@{host}"))
+                problem = "has a quote, < > or a space in its user or password: percent-encode it"
     if problem:
         raise ConfigError(f"backend URL {checks.shorten(shown)} {problem}")
     return url

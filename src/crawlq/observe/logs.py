@@ -31,18 +31,33 @@ _scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 
 
 #: user:password@ (or a user alone, often a token) in any URL, however many slashes follow
-#: its scheme: the authority ends at the first / ? #, whitespace or a character no URL holds
-#: raw (quotes: a URL inside JSON), and its userinfo at the last @ in it. Found by
+#: its scheme: the authority ends at the first / ? #, whitespace, quote (a URL inside JSON)
+#: or angle bracket (<url> in text), and its userinfo at the last @ in it; the characters
+#: no URL should hold raw but a password given to redis-py may ({ } | ^ \ `) do not end
+#: it. Found by
 #: `redact_userinfo` piece by piece, in time linear in the text: one pattern for it all,
 #: `\b scheme : /* info @`, took quadratic time to fail on text like a:a:a:...a: @.
 _SCHEME_START = re.compile(r"\b[A-Za-z]")
 _SCHEME_REST = re.compile(r"[A-Za-z0-9+.-]*")
 _SLASHES = re.compile(r"/*")
-_AUTHORITY = re.compile(r"[^/?#\s\"'<>\\{}|^`]*")
-#: secrets in query strings and forms: ?password=..., &token=..., and the like.
-_SECRET_PARAM = re.compile(
-    r"(?P<name>[?&;](?:password|passwd|pwd|pass|token|access_token|secret|api_?key|auth)=)"
-    r"[^&#\s\"'<>]+",
+_AUTHORITY = re.compile(r"[^/?#\s\"'<>]*")
+#: Secrets by name, in query strings and forms (?password=..., &client_secret=...), in
+#: keyword arguments (password='...') and in JSON ("token": "..."): a name is matched, then
+#: told secret or not by `_secret_name` (one pattern of the words would backtrack on long
+#: names).
+_NAMED_VALUE = re.compile(
+    r"(?P<head>[?&;,(\s](?P<name>[\w.-]+)=)(?P<value>'[^']*'|\"[^\"]*\"|[^&#\s\"'<>,;)]+)"
+    r"|(?P<jhead>(?P<q>[\"'])(?P<jname>[\w.-]+)(?P=q)\s*:\s*)(?P<jvalue>\"[^\"]*\"|'[^']*')"
+)
+_SECRET_WORDS = (
+    "password", "passwd", "secret", "token", "apikey", "api_key", "api-key", "auth",
+    "credential", "session", "sessid", "signature",
+)  # fmt: skip
+_SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid"})
+#: Cookies and API keys in headers written out, to the end of the line or quote.
+_SECRET_HEADER = re.compile(
+    r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)[\"']?\s*:\s*[\"']?)"
+    r"[^\r\n\"']+",
     re.IGNORECASE,
 )
 #: Authorization headers written out: Authorization: Bearer abc, Proxy-Authorization: Basic ...
@@ -60,11 +75,29 @@ def redact(text: str) -> str:
     (``?token=***``) and Authorization headers. The one function for backend URLs, proxy
     URLs, element keys, log lines, error messages and dashboard pages."""
     text = redact_userinfo(text)
-    if "=" in text:
-        text = _SECRET_PARAM.sub(lambda m: m.group("name") + MASK, text)
+    if "=" in text or ":" in text:
+        text = _NAMED_VALUE.sub(_masked_value, text)
+        text = _SECRET_HEADER.sub(lambda m: m.group("name") + MASK, text)
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH_HEADER.sub(lambda m: m.group("name") + MASK, text)
     return text
+
+
+def _masked_value(match: re.Match[str]) -> str:
+    name, head = match.group("name"), match.group("head")
+    if name is None:
+        name, head = match.group("jname"), match.group("jhead")
+        quote = match.group("jvalue")[0]
+    else:
+        quote = match.group("value")[0] if match.group("value")[0] in "'\"" else ""
+    if not _secret_name(name):
+        return match.group(0)
+    return f"{head}{quote}{MASK}{quote}"
+
+
+def _secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return lowered in _SECRET_NAMES or any(word in lowered for word in _SECRET_WORDS)
 
 
 def redact_userinfo(text: str) -> str:
