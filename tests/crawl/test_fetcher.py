@@ -149,6 +149,34 @@ def test_which_hops_credentials_may_go_to(first: str, hop: str, domain: str, tru
     assert fetcher_module._trusted(session, URL(first), URL(hop)) is trusted
 
 
+async def test_a_host_named_by_its_address_keeps_its_cookies() -> None:
+    """A login on an intranet address works: aiohttp's jar drops such cookies by default."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        answer = web.Response(text=request.headers.get("Cookie", "none"))
+        if request.path == "/set":
+            answer.set_cookie("sid", "1")
+        return answer
+
+    app = web.Application()
+    app.router.add_get("/{path:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.5", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    await web.TCPSite(runner, "127.0.0.6", port).start()  # another host, the same server
+    settings = FetchSettings(resolve_only=True, allow_networks=("127.0.0.0/8",), robots=False)
+    try:
+        async with Fetcher(settings) as fetcher:
+            await fetcher.fetch(f"http://127.0.0.5:{port}/set")
+            same = await fetcher.fetch(f"http://127.0.0.5:{port}/show")
+            other = await fetcher.fetch(f"http://127.0.0.6:{port}/show")
+    finally:
+        await runner.cleanup()
+    assert (same.text(), other.text()) == ("sid=1", "none")
+
+
 async def test_a_utf8_location_is_read_as_utf8(net: SyntheticWeb) -> None:
     """Headers are kept as Latin-1: /café, sent as UTF-8 bytes, was requested as
     /caf%C3%83%C2%A9."""
@@ -453,6 +481,34 @@ async def test_login_once_reuse_the_cookie_and_log_in_again_when_it_expires(
     assert {h.cookies.get("session") for h in member_hits} <= {"token-0", "token-1"}
     assert other.status == 200
     assert all("session" not in h.cookies for h in net.hits_for("a.test"))
+
+
+async def test_a_refused_login_is_not_tried_again_by_every_page_until_its_pause_ends(
+    net: SyntheticWeb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 pages at once, a password the site refuses: one login, and each page fails as the
+    page (its group is paused until a login may be tried again), none as the login page."""
+    clock = [1_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    tries: list[int] = []
+
+    async def sign_in(session: Session) -> None:
+        tries.append(1)
+        raise FetchError(Reason.LOGIN_FAILED, net.url("b.test", "/login"), "HTTP 401")
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        fetcher.add_login("b.test", Login(perform=sign_in))
+        pages = [net.url("b.test", f"/members/{n}") for n in range(20)]
+        failed = await asyncio.gather(*map(fetcher.fetch, pages), return_exceptions=True)
+        clock[0] += fetcher_module.LOGIN_RETRY + 1
+        with pytest.raises(FetchError) as again:
+            await fetcher.fetch(pages[0])
+    assert len(tries) == 2  # once for the 20, once after the pause
+    assert all(isinstance(e, FetchError) and e.reason is Reason.LOGIN_FAILED for e in failed)
+    assert [e.url for e in failed if isinstance(e, FetchError)] == pages
+    assert {e.until for e in failed if isinstance(e, FetchError)} == {1_000 + 5.0}
+    assert again.value.until == clock[0] + 2 * fetcher_module.LOGIN_RETRY  # doubled
+    assert paths(net, "b.test") == []
 
 
 async def test_every_response_counts_in_the_worker_metrics(net: SyntheticWeb) -> None:

@@ -73,6 +73,11 @@ MAX_LINE = 8190
 MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
+#: After a failed login, its domain's requests fail at once (no login, no request) for this
+#: long, doubled with each failure in a row up to LOGIN_RETRY_CAP: a site that refuses the
+#: password is not asked again by every task, which could lock the account.
+LOGIN_RETRY = 5.0
+LOGIN_RETRY_CAP = 300.0
 #: Headers a redirect to another origin does not carry, whether the caller or the session
 #: (a login hook's token) set them; the cookie jar still sends the new origin its own.
 CREDENTIAL_HEADERS = ("Authorization", "Cookie", "Proxy-Authorization")
@@ -115,6 +120,9 @@ class Session:
         self.domain = domain
         self.generation = 0  # counts logins, so concurrent expiries log in only once
         self._lock = asyncio.Lock()
+        self._failed: FetchError | None = None  # the last login's, while no login worked
+        self._failures = 0
+        self._retry_at = 0.0  # epoch seconds: no login is tried before then
 
     async def get(self, url: str, **options: Any) -> Response:
         return await self.fetcher.request(self, "GET", url, **options)
@@ -123,7 +131,9 @@ class Session:
         return await self.fetcher.request(self, "POST", url, **options)
 
     async def ensure_login(self, seen_generation: int | None) -> None:
-        """Logs in if nobody has yet (None), or if still at `seen_generation` (expired)."""
+        """Logs in if nobody has yet (None), or if still at `seen_generation` (expired).
+        FetchError(LOGIN_FAILED) with `until`, when a login may be tried again: until then,
+        without trying (LOGIN_RETRY)."""
         if self.login is None:
             return
         async with self._lock:
@@ -131,13 +141,24 @@ class Session:
                 return
             if seen_generation is not None and self.generation != seen_generation:
                 return
+            failed = self._failed
+            if failed is not None and time.time() < self._retry_at:
+                detail = f"{failed.detail} (not tried again before {self._retry_at:.0f})"
+                raise FetchError(Reason.LOGIN_FAILED, failed.url, detail, until=self._retry_at)
             try:
                 await self.login.perform(self)
             except FetchError as exc:
                 if exc.reason is Reason.BLOCKED:
                     raise  # a login at a refused address is a setting to fix, not to retry
-                raise FetchError(Reason.LOGIN_FAILED, exc.url, str(exc)) from exc
+                self._failures += 1
+                pause = min(LOGIN_RETRY_CAP, LOGIN_RETRY * 2 ** (self._failures - 1))
+                self._retry_at = time.time() + pause
+                self._failed = FetchError(
+                    Reason.LOGIN_FAILED, exc.url, str(exc), until=self._retry_at
+                )
+                raise self._failed from exc
             self.generation += 1
+            self._failed, self._failures = None, 0
 
     def cookies(self) -> dict[str, str]:
         return {cookie.key: cookie.value for cookie in self.client.cookie_jar}
@@ -274,7 +295,9 @@ class Fetcher:
                     "User-Agent": self.settings.user_agent,
                     "Accept-Encoding": ACCEPT_ENCODING,
                 },
-                cookie_jar=aiohttp.CookieJar(),
+                # unsafe: cookies of hosts named by address too (an intranet's, a
+                # login's); each still goes only to the address that set it.
+                cookie_jar=aiohttp.CookieJar(unsafe=True),
                 request_class=self._request_class,
             )
             session = Session(self, client, self._logins.get(domain), domain)
@@ -377,7 +400,7 @@ class Fetcher:
         session = self.session(url)
         login = session.login
         if login is not None:
-            await session.ensure_login(None)
+            await _login_for(url, session.ensure_login(None))
         generation = session.generation
         send = functools.partial(
             self.request,
@@ -392,7 +415,7 @@ class Fetcher:
         )
         response = await send()
         if login is not None and login.expired(response):
-            await session.ensure_login(generation)
+            await _login_for(url, session.ensure_login(generation))
             response = await send()
         return response
 
@@ -608,6 +631,17 @@ class Fetcher:
 
 class _StaleConnection(Exception):
     """A pooled connection the server closed while the request waited to be written."""
+
+
+async def _login_for(url: str, login: Awaitable[None]) -> None:
+    """Awaits `login`, for `url`: a login that failed fails the page (its group is paused
+    until the login may be tried again), not the login page."""
+    try:
+        await login
+    except FetchError as exc:
+        if exc.reason is not Reason.LOGIN_FAILED:
+            raise
+        raise FetchError(exc.reason, url, exc.detail, until=exc.until) from exc
 
 
 def _trusted(session: Session, first: URL | None, hop: URL | None) -> bool:
