@@ -16,7 +16,7 @@ from aiohttp import web
 
 from crawlq import Context, Retry
 from crawlq.app import App
-from crawlq.crawl import page_reader
+from crawlq.crawl import crawler, page_reader
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher
@@ -493,3 +493,17 @@ async def test_the_synthetic_web_serves_more_sites_than_one_address_block_holds(
         writer.close()
     assert answer.startswith(b"HTTP/1.1 200")
     assert [(hit.host, hit.path) for hit in net.hits] == [("s299.test", "/page/0")]
+
+
+@pytest.mark.parametrize("memory", [0.0, 300.0])
+async def test_seeds_are_kept_for_a_redis_back_from_a_crash_only_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory: float
+) -> None:
+    """A crash in the first seconds of a crawl loses the seeds; a million seeds kept in
+    memory for the whole crawl would cost about 300 MB."""
+    monkeypatch.setattr(crawler, "SEED_MEMORY", memory)
+    async with SyntheticWeb([Site(name="a.test", pages=3)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test"), net.url("a.test", "/page/2")])
+    assert sorted(records_by_url(tmp_path)) == sorted(net.page_urls("a.test"))
+    assert len(crawl._seeds) == (2 if memory else 0)

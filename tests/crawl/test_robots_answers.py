@@ -8,9 +8,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 
+from crawlq.crawl import robots as robots_module
 from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.robots import MAX_ROBOTS_BYTES
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
 
@@ -97,3 +100,25 @@ async def test_a_robots_txt_over_the_size_cap_is_obeyed_as_far_as_it_was_read(
     assert [h.path for h in net.hits_for("a.test", pages_only=True)] == ["/page/0", "/page/2"]
     record = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
     assert [r["error"] for r in record] == ["robots_disallowed"]
+
+
+async def test_the_rules_kept_are_bounded_in_bytes_the_least_recently_used_going_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parsed rules take about 6 bytes a byte of robots.txt: 10,000 origins of 512 KiB
+    each would be 30 GB."""
+    robots = "User-agent: *\n" + "".join(f"Disallow: /no/{n}\n" for n in range(500))
+    size = robots_module.RULES_OVERHEAD + robots_module.PARSED_BYTES_PER_BYTE * len(robots)
+    monkeypatch.setattr(robots_module, "MAX_RULES_BYTES", 2 * size)
+    names = ["a.test", "b.test", "c.test"]
+    async with (
+        SyntheticWeb([Site(name=name, pages=2, robots=robots) for name in names]) as net,
+        Fetcher(fetch_settings(net)) as fetcher,
+    ):
+        for name in [*names, "b.test", "a.test"]:  # c pushes a out; a then pushes c out
+            await fetcher.fetch(net.url(name, "/page/1"))
+        kept = list(fetcher.robots._rules)
+        assert fetcher.robots._size == 2 * size
+    assert kept == [f"http://{name}:{net.ports[name]}" for name in ("b.test", "a.test")]
+    asked = [h.host for h in net.hits if h.path == "/robots.txt"]
+    assert asked == ["a.test", "b.test", "c.test", "a.test"]

@@ -46,6 +46,10 @@ PAGES_FILE = "pages.jsonl"
 #: How many links a process remembers as already in the queue (scheduled, kept or seen).
 MAX_KNOWN_LINKS = 100_000
 WARC_DIR = "warc"
+#: Seeds are scheduled again by a Redis back from a crash for this long after the last were
+#: given: one in the first seconds of a crawl loses them (AOF everysec loses about 1 s);
+#: later, it has them on disk, and a crawl of a million seeds should not keep each in memory.
+SEED_MEMORY = 300.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,6 +148,7 @@ class Crawl:
         self.stats = CrawlStats()
         self._known = KnownLinks()
         self._seeds: dict[str, JSON] = {}  # by URL: again if the backend may have lost them
+        self._seeds_until = 0.0  # monotonic: when `_seeds` are forgotten (SEED_MEMORY)
         self.budget = PageBudget(self.out, settings.max_pages)
         self.app = App(backend or f"sqlite:///{self.out / 'queue.db'}")
         self.app.limit("*", concurrency=settings.concurrency_per_domain, interval=settings.delay)
@@ -193,6 +198,7 @@ class Crawl:
         admitted = await self.budget.admit(seeds)
         elements: dict[str, JSON] = {url: {"url": url, "depth": 0} for url in admitted}
         self._seeds.update(elements)  # before the schedule: it may find a restart
+        self._seeds_until = time.monotonic() + SEED_MEMORY
         result = await self.app.aschedule_many(
             self.task, list(elements.values()), only_if_new=True, backend=backend
         )
@@ -201,6 +207,7 @@ class Crawl:
     async def _seed_again(self, backend: Backend) -> None:
         """A Redis back from a crash may have lost the seeds with all that followed (a crash
         in the first seconds of a crawl): they are scheduled again, only if new."""
+        self._forget_old_seeds()
         if self._seeds:
             seeds = list(self._seeds.values())
             await self.app.aschedule_many(self.task, seeds, only_if_new=True, backend=backend)
@@ -237,7 +244,12 @@ class Crawl:
         )
         return politeness
 
+    def _forget_old_seeds(self) -> None:
+        if self._seeds and time.monotonic() > self._seeds_until:
+            self._seeds = {}
+
     async def visit(self, ctx: Context, element: dict[str, Any]) -> None:
+        self._forget_old_seeds()
         url = str(element["url"])
         depth = int(element.get("depth", 0))
         store: ContentStore = ctx.app.shared(STORE)

@@ -26,6 +26,11 @@ from .response import Response
 RobotsFetch = Callable[[str], Awaitable[Response]]
 
 MAX_ORIGINS = 10_000
+#: And at most about this many bytes of parsed rules: protego keeps about 6 bytes for each
+#: byte of robots.txt, so 10,000 of 512 KiB would be 30 GB. The least recently used go.
+MAX_RULES_BYTES = 256 * 1024 * 1024
+PARSED_BYTES_PER_BYTE = 6
+RULES_OVERHEAD = 1024
 MAX_ROBOTS_BYTES = 512 * 1024  # RFC 9309: crawlers parse at least 500 KiB
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
 UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
@@ -41,6 +46,7 @@ class Rules:
     expires: float  # by the cache's clock
     failure: Reason = Reason.ROBOTS_UNAVAILABLE  # what a page of an unavailable site fails with
     delay: float | None = None  # Crawl-delay or Request-rate, seconds per request
+    size: int = RULES_OVERHEAD  # about what it takes in memory
 
 
 @functools.lru_cache(maxsize=4096)
@@ -74,6 +80,7 @@ class RobotsCache:
         self._retry = retry  # how long an unreachable robots.txt stands before it is asked again
         self._clock = clock
         self._rules: OrderedDict[str, Rules] = OrderedDict()
+        self._size = 0  # of the rules kept
         self._pending: dict[str, asyncio.Future[Rules]] = {}
 
     async def rules(self, url: str) -> Rules:
@@ -109,9 +116,11 @@ class RobotsCache:
             raise
         finally:
             del self._pending[key]
+        replaced = self._rules.pop(key, None)
+        self._size += rules.size - (replaced.size if replaced is not None else 0)
         self._rules[key] = rules
-        if len(self._rules) > MAX_ORIGINS:
-            self._rules.popitem(last=False)
+        while len(self._rules) > MAX_ORIGINS or self._size > MAX_RULES_BYTES:
+            self._size -= self._rules.popitem(last=False)[1].size
         future.set_result(rules)
         return rules
 
@@ -136,7 +145,8 @@ class RobotsCache:
             return Rules(None, None, now + self._ttl)
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
         parser = Protego.parse(text)
-        return Rules(parser, None, now + self._ttl, delay=self._delay(parser))
+        size = RULES_OVERHEAD + PARSED_BYTES_PER_BYTE * len(text)
+        return Rules(parser, None, now + self._ttl, delay=self._delay(parser), size=size)
 
     def _delay(self, parser: Protego) -> float | None:
         delay = parser.crawl_delay(self._agent)
