@@ -177,6 +177,54 @@ async def test_a_host_named_by_its_address_keeps_its_cookies() -> None:
     assert (same.text(), other.text()) == ("sid=1", "none")
 
 
+async def test_a_redirect_turns_a_post_into_a_get_without_its_body_and_keeps_a_head(
+    net: SyntheticWeb,
+) -> None:
+    site = net.sites["a.test"]
+    site.routes["/form"] = redirect("/done", 302)
+    site.routes["/see"] = redirect("/page/1", 303)
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        posted = await fetcher.fetch(
+            net.url("a.test", "/form"),
+            method="POST",
+            data=b'{"password": "pw"}',
+            headers={"Content-Type": "application/json", "X-Kept": "1"},
+        )
+        head = await fetcher.fetch(net.url("a.test", "/see"), method="HEAD")
+    assert (posted.status, head.status, head.body) == (404, 200, b"")
+    sent = [(h.method, h.path, h.headers.get("Content-Type"), h.headers.get("X-Kept"))
+            for h in net.hits_for("a.test") if h.path != "/robots.txt"]  # fmt: skip
+    assert sent == [
+        ("POST", "/form", "application/json", "1"),
+        ("GET", "/done", None, "1"),
+        ("HEAD", "/see", None, None),
+        ("HEAD", "/page/1", None, None),
+    ]
+
+
+async def test_the_most_specific_login_domain_signs_in_its_hosts() -> None:
+    async def shop(session: Session) -> None:
+        pass
+
+    async def parent(session: Session) -> None:
+        pass
+
+    async with Fetcher() as fetcher:
+        fetcher.add_login("b.test", Login(perform=parent))
+        fetcher.add_login("shop.b.test", Login(perform=shop))
+        logins = {
+            host: fetcher.session(f"http://{host}/").login
+            for host in ("b.test", "www.b.test", "shop.b.test", "cart.shop.b.test", "c.test")
+        }
+    assert {host: login and login.perform for host, login in logins.items()} == {
+        "b.test": parent,
+        "www.b.test": parent,
+        "shop.b.test": shop,
+        "cart.shop.b.test": shop,
+        "c.test": None,
+    }
+
+
 async def test_a_utf8_location_is_read_as_utf8(net: SyntheticWeb) -> None:
     """Headers are kept as Latin-1: /café, sent as UTF-8 bytes, was requested as
     /caf%C3%83%C2%A9."""

@@ -78,6 +78,10 @@ MAX_GUARD_CACHE = 10_000
 #: password is not asked again by every task, which could lock the account.
 LOGIN_RETRY = 5.0
 LOGIN_RETRY_CAP = 300.0
+#: Headers of a request's body, dropped with it when a redirect turns the request into a GET.
+BODY_HEADERS = frozenset(
+    {"content-type", "content-length", "content-encoding", "content-language", "content-location"}
+)
 #: Headers a redirect to another origin does not carry, whether the caller or the session
 #: (a login hook's token) set them; the cookie jar still sends the new origin its own.
 CREDENTIAL_HEADERS = ("Authorization", "Cookie", "Proxy-Authorization")
@@ -273,11 +277,12 @@ class Fetcher:
         return refusal
 
     def session(self, url: str) -> Session:
-        """The session for `url`'s host: its login domain's own, or the shared one."""
+        """The session for `url`'s host: its login domain's own (the most specific one, if
+        more than one holds it), or the shared one."""
         domain = ""
         if self._logins:
             host = (urlsplit(url).hostname or "").lower()
-            domain = next((d for d in self._logins if _in_domain(host, d)), "")
+            domain = max((d for d in self._logins if _in_domain(host, d)), key=len, default="")
         session = self._sessions.get(domain)
         if session is None:
             timeouts = self.settings.timeouts
@@ -508,8 +513,16 @@ class Fetcher:
                     responses=history,
                 )
             visited[target] = len(history)
-            if response.status == 303 or (response.status in (301, 302) and method == "POST"):
-                method, data = "GET", None
+            if (response.status == 303 and method != "HEAD") or (
+                response.status in (301, 302) and method == "POST"
+            ):
+                method, data = "GET", None  # as browsers do (the Fetch standard)
+                if headers:
+                    headers = {
+                        name: value
+                        for name, value in headers.items()
+                        if name.lower() not in BODY_HEADERS
+                    }
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
