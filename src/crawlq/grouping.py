@@ -145,6 +145,15 @@ def registered_domain(host: str) -> str:
     return host
 
 
+@lru_cache(maxsize=4096)
+def is_public_suffix(name: str) -> bool:
+    """Whether `name` is one under which anyone may register names: com, co.uk, github.io (the
+    public suffix list, its private part included), or a one-label name (test, localhost),
+    as browsers take any top-level name they do not know."""
+    name = name.strip(".").lower()
+    return "." not in name or not _suffixes(name, include_psl_private_domains=True).domain
+
+
 def group_of(element: JSON, group_by: GroupBy, function: GroupFunction | None = None) -> str:
     """The group key of an element; elements that carry no URL are in no group."""
     if group_by is GroupBy.NONE:

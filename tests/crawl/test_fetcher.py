@@ -11,6 +11,7 @@ import resource
 import socket
 import time
 from collections.abc import AsyncIterator
+from http.cookies import SimpleCookie
 from pathlib import Path
 
 import brotli
@@ -223,6 +224,32 @@ async def test_the_most_specific_login_domain_signs_in_its_hosts() -> None:
         "cart.shop.b.test": shop,
         "c.test": None,
     }
+
+
+async def test_a_site_cannot_set_a_cookie_for_a_public_suffix(net: SyntheticWeb) -> None:
+    """Domain=test (or com, co.uk) would reach every other site through the shared session."""
+
+    async def plant(request: web.Request) -> web.StreamResponse:
+        answer = web.Response(text="planted")
+        answer.headers.add("Set-Cookie", "tld=1; Domain=test; Path=/")
+        answer.headers.add("Set-Cookie", "psl=1; Domain=co.uk; Path=/")
+        answer.headers.add("Set-Cookie", "mine=1; Domain=a.test; Path=/")
+        answer.headers.add("Set-Cookie", "own=1; Path=/")
+        return answer
+
+    net.sites["a.test"].routes["/plant"] = plant
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        await fetcher.fetch(net.url("a.test", "/plant"))
+        await fetcher.fetch(net.url("a.test", "/page/1"))
+        await fetcher.fetch(net.url("b.test", "/page/1"))
+        fetcher.session("http://x/").client.cookie_jar.update_cookies(
+            SimpleCookie("api=1; Domain=com"), URL("http://example.com/")
+        )
+        kept = {cookie.key for cookie in fetcher.session("http://x/").client.cookie_jar}
+    (a_page,) = [h for h in net.hits_for("a.test") if h.path == "/page/1"]
+    (b_page,) = [h for h in net.hits_for("b.test") if h.path == "/page/1"]
+    assert (a_page.cookies, b_page.cookies) == ({"mine": "1", "own": "1"}, {})
+    assert kept == {"mine", "own"}
 
 
 async def test_a_utf8_location_is_read_as_utf8(net: SyntheticWeb) -> None:

@@ -18,22 +18,26 @@ import contextlib
 import errno
 import functools
 import itertools
+import re
 import socket
 import ssl
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from http.cookies import Morsel
 from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import AddrInfoType, Connection
+from aiohttp.typedefs import LooseCookies
 from yarl import URL
 
+from ..grouping import is_public_suffix
 from ..observe.metrics import worker_metrics
 from .answers import PendingAnswers
 from .decoding import ACCEPT_ENCODING, decode_content
@@ -108,6 +112,40 @@ class Login:
 
 def _in_domain(host: str, domain: str) -> bool:
     return host == domain or host.endswith("." + domain)
+
+
+class CookieJar(aiohttp.CookieJar):
+    """aiohttp's jar, but a cookie for a public suffix (Domain=com, co.uk, github.io, test) is
+    refused: one site would set it for every other, as the shared session serves them all.
+    (A host that is itself such a name may still set a cookie for itself.)"""
+
+    def update_cookies(self, cookies: LooseCookies, response_url: URL = URL()) -> None:
+        pairs = cookies.items() if isinstance(cookies, Mapping) else cookies
+        host = response_url.raw_host or ""
+        kept = [
+            (name, value)
+            for name, value in pairs
+            if not isinstance(value, Morsel) or not _for_others(value["domain"], host)
+        ]
+        super().update_cookies(kept, response_url)
+
+    def update_cookies_from_headers(self, headers: Sequence[str], response_url: URL) -> None:
+        host = response_url.raw_host or ""
+        kept = []
+        for header in headers:
+            domain = _COOKIE_DOMAIN.search(header)
+            if domain is None or not _for_others(domain.group(1), host):
+                kept.append(header)
+        super().update_cookies_from_headers(kept, response_url)
+
+
+_COOKIE_DOMAIN = re.compile(r";\s*domain\s*=\s*([^;]*)", re.IGNORECASE)
+
+
+def _for_others(domain: str, host: str) -> bool:
+    """Whether a cookie's Domain attribute names a public suffix other than its host."""
+    domain = domain.strip().strip(".").lower()
+    return bool(domain) and domain != host.lower() and is_public_suffix(domain)
 
 
 class Session:
@@ -302,7 +340,7 @@ class Fetcher:
                 },
                 # unsafe: cookies of hosts named by address too (an intranet's, a
                 # login's); each still goes only to the address that set it.
-                cookie_jar=aiohttp.CookieJar(unsafe=True),
+                cookie_jar=CookieJar(unsafe=True),
                 request_class=self._request_class,
             )
             session = Session(self, client, self._logins.get(domain), domain)
