@@ -492,6 +492,31 @@ async def test_a_rotating_set_of_proxies_shares_the_requests(net: SyntheticWeb) 
     assert sorted(one.requests + two.requests) == sorted(net.url(h.host, h.path) for h in net.hits)
 
 
+async def test_a_proxy_that_cannot_be_reached_is_left_out_not_blamed_on_the_sites(
+    net: SyntheticWeb, tmp_path: Path
+) -> None:
+    dead = f"http://127.0.1.250:{closed_port()}"
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    politeness = Politeness(backend)
+    try:
+        async with ForwardProxy(net.resolve) as live:
+            settings = fetch_settings(net, proxies=(dead, live.url))
+            async with Fetcher(settings) as fetcher:
+                answers = [await fetcher.fetch(url) for url in net.page_urls("a.test")]
+            assert [r.status for r in answers] == [200] * 5
+            assert len(live.requests) == 6  # robots.txt and 5 pages: the dead one left out
+            settings = fetch_settings(net, proxies=(dead,) * 4)
+            async with Fetcher(settings) as fetcher:
+                with pytest.raises(FetchError) as caught:
+                    await politeness.fetch(fetcher, net.url("b.test", "/page/1"))
+    finally:
+        await backend.close()
+    assert caught.value.reason is Reason.PROXY and caught.value.transient
+    assert "3 proxies could not be reached" in caught.value.detail
+    assert politeness._failures == {}  # not the site's failure
+
+
 # -- login ------------------------------------------------------------------------------
 
 

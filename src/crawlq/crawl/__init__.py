@@ -2,6 +2,7 @@
 queue; links and scope; WARC storage with an index; and the crawl task of `crawlq crawl`.
 
     fetcher.py     Fetcher, Session, Login: pooled client, redirects hop by hop, proxies
+    proxies.py     the turn of the egress proxies, leaving out those that cannot be reached
     browser.py     Browser: headless Chromium rendering, every request through the fetcher
     robots.py      robots.txt per origin, cached
     politeness.py  Crawl-delay, Retry-After and backoff as the queue's limits and blocks

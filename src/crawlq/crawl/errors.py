@@ -38,6 +38,7 @@ class Reason(StrEnum):
     THROTTLED = "throttled"
     LOGIN_FAILED = "login_failed"
     NETWORK = "network_error"
+    PROXY = "proxy_unreachable"  # no proxy of the fetcher's could be reached (proxies.py)
     BLOCKED = "blocked_address"  # the SSRF guard refused the address (guard.py)
     BROWSER_UNAVAILABLE = "browser_unavailable"  # no Chromium, or Playwright could not start it
     BROWSER_FAILED = "browser_failed"  # Chromium crashed or broke off while rendering
@@ -55,6 +56,7 @@ TRANSIENT = frozenset(
         Reason.SERVER_ERROR,
         Reason.LOGIN_FAILED,
         Reason.NETWORK,
+        Reason.PROXY,
         Reason.BROWSER_FAILED,
     }
 )

@@ -43,6 +43,7 @@ from .answers import PendingAnswers
 from .decoding import ACCEPT_ENCODING, decode_content
 from .errors import FetchError, Reason, Throttled
 from .guard import AddressGuard, BlockedAddress, GuardedResolver, literal_address
+from .proxies import Proxies
 from .resolver import StaticResolver
 from .response import Response
 from .robots import MAX_ROBOTS_BYTES, RobotsCache
@@ -77,6 +78,8 @@ MAX_LINE = 8190
 MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
+#: How many proxies a hop tries when its proxy cannot be reached.
+MAX_PROXY_TRIES = 3
 #: After a failed login, its domain's requests fail at once (no login, no request) for this
 #: long, doubled with each failure in a row up to LOGIN_RETRY_CAP: a site that refuses the
 #: password is not asked again by every task, which could lock the account.
@@ -218,7 +221,7 @@ class Fetcher:
         self._targets: GuardedResolver | None = None  # checks where proxied requests go
         self.guard = AddressGuard(self.settings.allow_networks)
         self._verdicts: dict[str, tuple[float, str | None]] = {}  # proxied host -> refusal
-        self._proxies = itertools.cycle(self.settings.proxies) if self.settings.proxies else None
+        self._proxies = Proxies(self.settings.proxies) if self.settings.proxies else None
         self._sent: dict[str, float] = {}  # host -> when the last request to it was sent
         self._dns_cleared = time.monotonic()
         self._slot: ContextVar[SendSlot | None] = ContextVar("send_slot", default=None)
@@ -579,13 +582,31 @@ class Fetcher:
         keep: int | None = None,
     ) -> Response:
         """One hop (see `_send_once`), tried again once on another connection when the
-        pooled one it got was closed by the server before anything was written."""
-        for _ in range(2):
-            with contextlib.suppress(_StaleConnection):
-                return await self._send_once(
-                    client, method, url, target, data, headers, budget, keep
-                )
-        raise FetchError(Reason.NETWORK, url, "the server closed the connection before the request")
+        pooled one it got was closed by the server before anything was written, and through
+        the next proxy (at most MAX_PROXY_TRIES) when its proxy could not be reached."""
+        proxies = self._proxies
+        for tries in itertools.count(1):
+            proxy = proxies.next() if proxies is not None else None
+            try:
+                for _ in range(2):
+                    with contextlib.suppress(_StaleConnection):
+                        response = await self._send_once(
+                            client, method, url, target, data, headers, budget, keep, proxy
+                        )
+                        if proxies is not None and proxy is not None:
+                            proxies.worked(proxy)
+                        return response
+            except _ProxyUnreachable as exc:
+                assert proxies is not None and proxy is not None
+                proxies.failed(proxy)
+                if tries >= min(len(proxies), MAX_PROXY_TRIES):
+                    what = f"{tries} proxies could not be reached; the last: {exc}"
+                    raise FetchError(Reason.PROXY, url, what) from exc
+                continue
+            raise FetchError(
+                Reason.NETWORK, url, "the server closed the connection before the request"
+            )
+        raise AssertionError("unreachable")
 
     async def _send_once(
         self,
@@ -596,13 +617,13 @@ class Fetcher:
         data: Mapping[str, str] | bytes | None,
         headers: Mapping[str, str] | None,
         budget: float,
-        keep: int | None = None,
+        keep: int | None,
+        proxy: str | None,
     ) -> Response:
         """One hop, done within `budget` seconds, its body (decoded too) within max_bytes,
         or its first `keep` bytes as received; `target` is `url` parsed (None if it cannot
-        be: aiohttp then says why)."""
+        be: aiohttp then says why). _ProxyUnreachable if `proxy` could not be reached."""
         max_bytes = self.settings.max_bytes
-        proxy = next(self._proxies) if self._proxies is not None else None
         timeouts = self.settings.timeouts
         timeout = aiohttp.ClientTimeout(
             total=budget, sock_connect=timeouts.connect, sock_read=timeouts.read
@@ -661,7 +682,11 @@ class Fetcher:
                 )
         except (FetchError, _StaleConnection):
             raise
+        except aiohttp.ClientProxyConnectionError as exc:
+            raise _ProxyUnreachable(_one_line(str(exc))) from exc
         except TimeoutError as exc:
+            if proxy is not None and isinstance(exc, aiohttp.ConnectionTimeoutError):
+                raise _ProxyUnreachable(f"no connection within the timeout: {exc}") from exc
             total = timeouts.total
             what = str(exc) or f"no complete answer within the total timeout of {total:g}s"
             if budget < total:
@@ -682,6 +707,10 @@ class Fetcher:
 
 class _StaleConnection(Exception):
     """A pooled connection the server closed while the request waited to be written."""
+
+
+class _ProxyUnreachable(Exception):
+    """No connection to the hop's proxy: nothing was sent, another proxy may take it."""
 
 
 async def _login_for(url: str, login: Awaitable[None]) -> None:
