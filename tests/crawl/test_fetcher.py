@@ -583,6 +583,26 @@ async def test_login_once_reuse_the_cookie_and_log_in_again_when_it_expires(
     assert all("session" not in h.cookies for h in net.hits_for("a.test"))
 
 
+async def test_pages_that_are_forbidden_logged_in_do_not_each_cause_a_login(
+    net: SyntheticWeb,
+) -> None:
+    """A 403 reads as a session that expired; when a new login does not help, the next
+    FUTILE_LOGIN_QUIET seconds' 403s are taken as they are."""
+    logins = members_site(net, uses_per_login=1_000)
+    net.sites["b.test"].routes["/admin"] = respond(403, "forbidden")
+
+    async def sign_in(session: Session) -> None:
+        await session.post(net.url("b.test", "/login"), data={"user": "ann", "password": "secret"})
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        fetcher.add_login("b.test", Login(perform=sign_in))
+        answers = [await fetcher.fetch(net.url("b.test", "/admin")) for _ in range(10)]
+        member = await fetcher.fetch(net.url("b.test", "/members/1"))
+    assert [r.status for r in answers] == [403] * 10
+    assert logins == ["token-0", "token-1"]  # the first, and the one that did not help
+    assert member.text() == "<title>secret /members/1</title>"
+
+
 async def test_a_refused_login_is_not_tried_again_by_every_page_until_its_pause_ends(
     net: SyntheticWeb, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -78,6 +78,9 @@ MAX_LINE = 8190
 MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
+#: A new login that did not help (the page came back logged out again: a page that is
+#: forbidden, not a session that expired) is not tried again for this long.
+FUTILE_LOGIN_QUIET = 60.0
 #: How many proxies a hop tries when its proxy cannot be reached.
 MAX_PROXY_TRIES = 3
 #: After a failed login, its domain's requests fail at once (no login, no request) for this
@@ -168,6 +171,7 @@ class Session:
         self._failed: FetchError | None = None  # the last login's, while no login worked
         self._failures = 0
         self._retry_at = 0.0  # epoch seconds: no login is tried before then
+        self.quiet_until = 0.0  # monotonic: a logged-out answer is taken as it is till then
 
     async def get(self, url: str, **options: Any) -> Response:
         return await self.fetcher.request(self, "GET", url, **options)
@@ -460,9 +464,15 @@ class Fetcher:
             pace=pace,
         )
         response = await send()
-        if login is not None and login.expired(response):
+        if (
+            login is not None
+            and login.expired(response)
+            and time.monotonic() >= session.quiet_until
+        ):
             await _login_for(url, session.ensure_login(generation))
             response = await send()
+            if login.expired(response):  # forbidden, not logged out: no login per page
+                session.quiet_until = time.monotonic() + FUTILE_LOGIN_QUIET
         return response
 
     async def request(
