@@ -112,3 +112,22 @@ def test_why_a_group_waits() -> None:
     assert throttle_reason(_group(blocked_until=990.0), now) is None
     assert throttle_reason(_group(running=2), now) == "full"
     assert throttle_reason(_group(next_start=1000.5), now) == "interval"
+
+
+def test_text_logs_escape_what_would_forge_a_line_or_drive_a_terminal() -> None:
+    stream = io.StringIO()
+    configure("info", "text", stream=stream)
+    log = logging.getLogger("crawlq.test")
+    forged = "http://a.test/\n2026-11-24 04:00:00,000 INFO crawlq.worker: all 1000 pages done"
+    with task_scope(task_fields(queue="q", key="k\x1b[2J", attempt=1, group="g", worker="w")):
+        log.warning("page %s failed: %s", forged, "\x1b]8;;http://evil.test\x07click\x1b]8;;\x07")
+        try:
+            raise ValueError("bad\x1b[31m")
+        except ValueError:
+            log.exception("and then")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 6  # the warning; the error and its traceback (4 lines)
+    assert lines[0].endswith("[queue=q key=k\\x1b[2J attempt=1 group=g worker=w]")
+    assert "\\n2026-11-24 04:00:00,000 INFO" in lines[0]
+    assert lines[-1] == "ValueError: bad\\x1b[31m"
+    assert not any(c in stream.getvalue() for c in "\x1b\x07")

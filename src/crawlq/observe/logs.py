@@ -189,15 +189,37 @@ class TaskFieldsFilter(logging.Filter):
         return True
 
 
+#: Control characters (C0, DEL, C1), with and without the newline: in a crawl, much of what
+#: is logged comes from sites, and a terminal obeys escape sequences.
+_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROLS_BUT_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str, *, newlines: bool = True) -> str:
+    """`text` with its control characters written as Python escapes (\\x1b, and \\n unless
+    `newlines` is False), tabs kept."""
+    pattern = _CONTROLS if newlines else _CONTROLS_BUT_NEWLINE
+    return pattern.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 class TextFormatter(logging.Formatter):
-    """One line a record (and its traceback): credentials masked, the task fields appended."""
+    """One line a record (and its traceback): credentials masked, the task fields appended,
+    control characters escaped (a message cannot forge a line, nor drive a terminal)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
-        line = redact(super().format(record))
-        named = [f"{n}={getattr(record, n)}" for n in TASK_FIELDS if hasattr(record, n)]
+        line = escape_controls(redact(super().format(record)), newlines=False)
+        named = [
+            f"{n}={escape_controls(str(getattr(record, n)))}"
+            for n in TASK_FIELDS
+            if hasattr(record, n)
+        ]
         if not named:
             return line
         head, sep, rest = line.partition("\n")
