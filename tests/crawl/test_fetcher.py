@@ -817,6 +817,20 @@ async def test_a_request_beside_one_in_flight_goes_out_past_descriptor_1024(
     assert paths(net, "b.test") == ["/robots.txt", "/page/0", "/slow", "/page/1"]
 
 
+async def test_a_fetcher_raises_the_soft_limit_of_open_files(net: SyntheticWeb) -> None:
+    """Debian's usual soft limit, 1024, is less than a broad crawl's open connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        async with Fetcher(fetch_settings(net)) as fetcher:
+            await fetcher.fetch(net.url("a.test", "/page/1"))
+            raised = resource.getrlimit(resource.RLIMIT_NOFILE)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    wanted = fetcher_module.OPEN_FILES
+    assert raised == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard), hard)
+
+
 async def test_a_request_whose_task_is_cancelled_by_a_timer_due_before_it_is_written_never_goes(
     net: SyntheticWeb,
 ) -> None:

@@ -19,6 +19,7 @@ import errno
 import functools
 import itertools
 import re
+import resource
 import socket
 import ssl
 import struct
@@ -81,6 +82,13 @@ MAX_GUARD_CACHE = 10_000
 #: A new login that did not help (the page came back logged out again: a page that is
 #: forbidden, not a session that expired) is not tried again for this long.
 FUTILE_LOGIN_QUIET = 60.0
+#: An idle connection is kept this long for the host's next request (aiohttp: 15 s). A broad
+#: crawl touches hundreds of hosts a second, mostly once: idle connections, which `connections`
+#: does not count, then held thousands of descriptors.
+KEEPALIVE_SECONDS = 5.0
+#: A fetcher raises its process's soft limit of open files to this (or the hard limit): the
+#: usual soft limit, 1024, is far less than a crawler's connections.
+OPEN_FILES = 65_536
 #: How many proxies a hop tries when its proxy cannot be reached.
 MAX_PROXY_TRIES = 3
 #: After a failed login, its domain's requests fail at once (no login, no request) for this
@@ -272,8 +280,10 @@ class Fetcher:
             names = StaticResolver(settings.resolve, fallback)
             self._resolver = GuardedResolver(names, self.guard, exempt=proxies)
             self._targets = GuardedResolver(names, self.guard)
+            _raise_open_files_limit()
             self._connector = aiohttp.TCPConnector(
                 limit=settings.connections,
+                keepalive_timeout=KEEPALIVE_SECONDS,
                 use_dns_cache=True,
                 ttl_dns_cache=settings.dns_ttl,
                 resolver=self._resolver,
@@ -721,6 +731,14 @@ class _StaleConnection(Exception):
 
 class _ProxyUnreachable(Exception):
     """No connection to the hop's proxy: nothing was sent, another proxy may take it."""
+
+
+def _raise_open_files_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(OPEN_FILES, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 async def _login_for(url: str, login: Awaitable[None]) -> None:
