@@ -176,7 +176,10 @@ def test_redaction_of_urls_texts_and_headers() -> None:
         ("redis://default:a|b^c`d\\PW@h:6379", "redis://***@h:6379"),
         ("https://a.test/x?client_secret=PW&x=1", "https://a.test/x?client_secret=***&x=1"),
         ("https://a.test/?api-key=PW;sig=PW&sessionid=PW&key=PW", None),
-        ("https://a.test/?page=2&author=x", "https://a.test/?page=2&author=***"),  # auth...
+        (
+            "https://a.test/?page=2&author=x&auth_code=PW",
+            "https://a.test/?page=2&author=x&auth_code=***",
+        ),
         ("https://a.test/?page=2&q=tokenless", "https://a.test/?page=2&q=tokenless"),
         ("Cookie: sessionid=PW; csrftoken=PW\nnext line", "Cookie: ***\nnext line"),
         ("{'Set-Cookie': 'sid=PW; Path=/'}", "{'Set-Cookie': '***'}"),

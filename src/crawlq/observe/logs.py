@@ -50,10 +50,11 @@ _NAMED_VALUE = re.compile(
     r"|(?P<jhead>(?P<q>[\"'])(?P<jname>[\w.-]+)(?P=q)\s*:\s*)(?P<jvalue>\"[^\"]*\"|'[^']*')"
 )
 _SECRET_WORDS = (
-    "password", "passwd", "secret", "token", "apikey", "api_key", "api-key", "auth",
-    "credential", "session", "sessid", "signature",
+    "password", "passwd", "secret", "token", "apikey", "api_key", "api-key", "credential",
+    "session", "sessid", "signature",
 )  # fmt: skip
-_SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid"})
+_SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid", "auth"})
+_SECRET_STARTS = ("auth_", "auth-", "authorization")  # not author=...
 #: Cookies and API keys in headers written out, to the end of the line or quote.
 _SECRET_HEADER = re.compile(
     r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)[\"']?\s*:\s*[\"']?)"
@@ -97,7 +98,11 @@ def _masked_value(match: re.Match[str]) -> str:
 
 def _secret_name(name: str) -> bool:
     lowered = name.lower()
-    return lowered in _SECRET_NAMES or any(word in lowered for word in _SECRET_WORDS)
+    return (
+        lowered in _SECRET_NAMES
+        or lowered.startswith(_SECRET_STARTS)
+        or any(word in lowered for word in _SECRET_WORDS)
+    )
 
 
 def redact_userinfo(text: str) -> str:
