@@ -7,6 +7,7 @@ lua/common.lua and docs/redis.md.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
 import socket
 import time
@@ -71,6 +72,13 @@ CALL_ITEMS = 5_000
 #: How long a call waits for a restarting Redis before its error surfaces.
 RECONNECT_PATIENCE = 15.0
 MAX_RECONNECT_PAUSE = 2.0
+#: The probe's limit on connecting, and then on each read (a TLS handshake included): a
+#: server that accepts and never answers (a wedged proxy, a TLS port asked in plain text or
+#: the reverse) is reported instead of waited for forever.
+PROBE_TIMEOUT = 5.0
+#: How long opening may take in all (the probe, PING, loading the functions) before the
+#: backend is reported unreachable.
+OPEN_TIMEOUT = 15.0
 
 
 def split_namespace(url: str) -> tuple[str, str]:
@@ -177,27 +185,35 @@ class RedisBackend:
         except ValueError as exc:
             raise ConfigError(f"bad Redis URL {self.url}: {exc}") from None
         try:
-            await asyncio.to_thread(self._probe)
-            await client.ping()
-            await self._load_scripts(client)
-            fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
-            if fresh:
-                if not self._create:
-                    await client.delete(self.prefix + "version")
-                    raise BackendUnavailable(
-                        f"no crawlq data in namespace {self.namespace!r} at {self.url}"
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                await asyncio.to_thread(self._probe)
+                await client.ping()
+                await self._load_scripts(client)
+                fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
+                if fresh:
+                    if not self._create:
+                        await client.delete(self.prefix + "version")
+                        raise BackendUnavailable(
+                            f"no crawlq data in namespace {self.namespace!r} at {self.url}"
+                        )
+                    await self._set_default_limit(client)
+                elif (
+                    stored := await client.get(self.prefix + "version")
+                ) != SCHEMA_VERSION.encode():
+                    raise BackendError(
+                        f"namespace {self.namespace!r} at {self.url} holds crawlq data of layout "
+                        f"{stored.decode() if stored else '?'}; this crawlq reads layout "
+                        f"{SCHEMA_VERSION}: finish it with the crawlq that wrote it, or use "
+                        "another namespace (?namespace=NAME)"
                     )
-                await self._set_default_limit(client)
-            elif (stored := await client.get(self.prefix + "version")) != SCHEMA_VERSION.encode():
-                raise BackendError(
-                    f"namespace {self.namespace!r} at {self.url} holds crawlq data of layout "
-                    f"{stored.decode() if stored else '?'}; this crawlq reads layout "
-                    f"{SCHEMA_VERSION}: finish it with the crawlq that wrote it, or use another "
-                    "namespace (?namespace=NAME)"
-                )
         except RedisError as exc:
             await client.aclose()
             raise BackendUnavailable(f"cannot reach Redis at {self.url}: {exc}") from None
+        except builtins.TimeoutError:  # asyncio.timeout's (redis-py's own is a RedisError)
+            await client.aclose()
+            raise BackendUnavailable(
+                f"cannot reach Redis at {self.url}: no answer in {OPEN_TIMEOUT:g} s"
+            ) from None
         except BaseException:
             await client.aclose()
             raise
@@ -220,8 +236,11 @@ class RedisBackend:
 
     def _probe(self) -> None:
         """One PING without retries, so a server that is not there is reported at once. With
-        the blocking client: a refused login or handshake closes its socket right away."""
-        with SyncRedis.from_url(self._url, socket_connect_timeout=5.0) as probe:
+        the blocking client: a refused login or handshake closes its socket right away, and
+        one that never answers times out (the timeout bounds a TLS handshake too)."""
+        with SyncRedis.from_url(
+            self._url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
+        ) as probe:
             probe.ping()
 
     async def _set_default_limit(self, client: Redis) -> None:
