@@ -1,20 +1,50 @@
-"""`crawlq stats --watch`: the numbers of `crawlq stats`, redrawn in place with rich."""
+"""`crawlq stats --watch`: the numbers of `crawlq stats`, redrawn in place with rich; and
+`printable`, which every command showing stored text to a terminal passes it through."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend
 from ..types import GroupStats, QueueStats, WorkerInfo
 from .logs import redact
 from .metrics import throttle_reason
+
+if TYPE_CHECKING:  # rich is imported when drawing: plain commands use `printable` only
+    from rich.console import Console, Group
+    from rich.text import Text
+
+#: C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (ESC starts
+#: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: The same and newline: for cells and fields shown on one line.
+_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def printable(text: str, *, one_line: bool = False) -> str:
+    """`text` as a terminal may show it: each control character but tab and newline (with
+    `one_line`, newline too) replaced by its escape, ``\\x1b`` for ESC, ``\\r``, ``\\n``.
+    For human-readable output of text others chose (error messages, URLs, group names of
+    crawled sites): JSON output escapes them already."""
+    pattern = _LINE_CONTROLS if one_line else _CONTROLS
+    return pattern.sub(_visible, text) if pattern.search(text) else text
+
+
+def _cell(text: str, style: str = "") -> Text:
+    """A table cell of text others chose: shown as it is, never read as rich markup (a group
+    named ``x[/]y`` would not parse, ``[red]x`` would be styled), controls escaped."""
+    from rich.text import Text
+
+    return Text(printable(text, one_line=True), style=style)
 
 
 def _in(moment: float | None, now: float) -> str:
@@ -36,12 +66,17 @@ def render(
     previous: dict[str, QueueStats],
     seconds: float,
 ) -> Group:
-    table = Table(title=f"queues · {redact(url)}", title_justify="left", expand=False)
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    title = _cell(f"queues · {redact(url)}", "table.title")
+    table = Table(title=title, title_justify="left", expand=False)
     for name in ("queue", "total", "due", "delayed", "running", "dead", "net change"):
         table.add_column(name, justify="left" if name == "queue" else "right")
     for q in queues:
         table.add_row(
-            q.name,
+            _cell(q.name),
             f"{q.total:,}",
             f"{q.due:,}",
             f"{q.delayed:,}",
@@ -58,17 +93,18 @@ def render(
             concurrency = "unlimited" if g.limit.concurrency is None else str(g.limit.concurrency)
             reason = throttle_reason(g, now)
             why = "-"
-            if reason == "blocked":
-                why = f"blocked {_in(g.blocked_until, now)}: {g.block_reason or ''}".strip()
+            if reason == "blocked":  # masked as `crawlq stats` masks it
+                why = f"blocked {_in(g.blocked_until, now)}: {redact(g.block_reason or '')}"
+                why = why.strip()
             elif reason is not None:
                 why = reason
             busy.add_row(
-                g.name or "(none)",
+                _cell(g.name or "(none)"),
                 f"{g.queued:,}",
                 f"{g.running:,}",
                 f"{concurrency} at once, {g.limit.interval:g}s apart",
                 _in(g.next_start, now),
-                Text(why, style="yellow" if reason else ""),
+                _cell(why, "yellow" if reason else ""),
             )
         parts.append(busy)
     if workers:
@@ -76,7 +112,13 @@ def render(
         for name in ("worker", "host", "pid", "running", "heartbeat"):
             live.add_column(name, justify="right" if name in ("pid", "running") else "left")
         for w in workers:
-            live.add_row(w.id, w.host, str(w.pid), str(w.running), f"{now - w.heartbeat:.0f}s ago")
+            live.add_row(
+                _cell(w.id),
+                _cell(w.host),
+                str(w.pid),
+                str(w.running),
+                f"{now - w.heartbeat:.0f}s ago",
+            )
         parts.append(live)
     else:
         parts.append(Text("no live workers"))
@@ -93,6 +135,9 @@ async def watch(
     stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Redraws the stats every `interval` seconds, `iterations` times or until stopped."""
+    from rich.console import Console
+    from rich.live import Live
+
     previous: dict[str, QueueStats] = {}
     last_at = 0.0
     done = 0
