@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 
+import click
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
 from crawlq.backends import open_backend
+from crawlq.cli.common import Group
+from crawlq.errors import BackendError
 from crawlq.observe.terminal import printable, render
 from crawlq.types import Failure, GroupBy, GroupStats, Limit, QueueConfig, Schedule, WorkerInfo
 
@@ -134,3 +139,44 @@ def test_stats_watch_draws_stored_names_as_text(filled: Cli) -> None:
     assert "s3cret" not in out, out
     assert "[red]w1\\x1b[2J" in out, out
     assert_no_controls(out)
+
+
+# -- plain commands ---------------------------------------------------------------------------
+
+
+def test_dead_list_escapes_what_a_terminal_would_act_on(filled: Cli) -> None:
+    out = filled.ok("dead", "list", "custom").out
+    assert_no_controls(out)
+    lines = out.splitlines()
+    assert len(lines) == 3, out  # the letter, its error, the error's second line (indented)
+    assert lines[0].endswith('"http://evil.test/\\x1b[2Jpage"'), out
+    assert lines[1] == f"    RuntimeError: title was {printable(ESCAPES)}", out
+    assert lines[2] == "    second line\\r\tend", out
+
+    [letter] = json.loads(filled.ok("dead", "list", "custom", "--json").out)
+    assert (letter["key"], letter["error"], letter["traceback"]) == (KEY, ERROR, "tb\x1b[2J")
+
+
+def test_stats_escapes_names_and_reasons(filled: Cli) -> None:
+    out = filled.ok("stats").out
+    assert_no_controls(out)
+    assert "evil.test\\x1b[2J\\nFAKE" in out, out
+    assert "http://***@evil.test/ \\x1b[2J" in out, out
+    assert "[red]w1\\x1b[2J" in out, out
+    assert "s3cret" not in out, out
+
+
+def test_error_lines_escape_what_they_quote() -> None:
+    """Every crawlq error becomes one `Error:` line: text it quotes (a name, a server's
+    answer) cannot drive the terminal."""
+
+    @click.group(cls=Group)
+    def tool() -> None: ...
+
+    @tool.command()
+    def fail() -> None:
+        raise BackendError(f"server said {ESCAPES}\x07")
+
+    ran = CliRunner().invoke(tool, ["fail"])
+    assert ran.exit_code == 1, ran.output
+    assert ran.output == f"Error: server said {printable(ESCAPES)}\\x07\n", ran.output

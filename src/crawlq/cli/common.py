@@ -19,6 +19,7 @@ from ..backends import DEFAULT_URL, Backend, open_backend
 from ..checks import shorten, unicode_error
 from ..errors import ConfigError, CrawlqError
 from ..observe.logs import redact
+from ..observe.terminal import printable
 
 T = TypeVar("T")
 
@@ -49,9 +50,9 @@ log_level_option = click.option(
 
 
 class Group(click.Group):
-    """Turns every crawlq error into one line on stderr and exit status 1, never a traceback;
-    refuses arguments that are not UTF-8 (Python hands them over as lone surrogates, which no
-    backend can store) before any command runs."""
+    """Turns every crawlq error into one line on stderr and exit status 1, never a traceback
+    nor a terminal escape; refuses arguments that are not UTF-8 (Python hands them over as
+    lone surrogates, which no backend can store) before any command runs."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
@@ -66,7 +67,8 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except CrawlqError as exc:
-            raise click.ClickException(redact(str(exc))) from None
+            # Messages may quote stored text (names, keys): its control characters escaped.
+            raise click.ClickException(printable(redact(str(exc)))) from None
 
 
 def setup_logging(level: str) -> None:

@@ -19,12 +19,18 @@ from ..grouping import group_name
 from ..identity import canonical_json, parse_json
 from ..limits import check_pattern
 from ..observe.logs import redact
+from ..observe.terminal import printable
 from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
 from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
+    """Left-aligned first column, the others right-aligned; each cell on one line, its
+    control characters escaped (names and reasons come from crawled sites)."""
+    cells = [
+        [str(c) for c in headers],
+        *[[printable(str(c), one_line=True) for c in row] for row in rows],
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join(
         "  ".join(
@@ -201,7 +207,10 @@ def dead_list(
         click.echo(f"no dead elements in {queue}")
     for d in letters:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.died_at))
-        click.echo(f"{when}  attempts={d.attempts}  {redact(d.payload)}\n    {redact(d.error)}")
+        payload = printable(redact(d.payload), one_line=True)
+        # Each line of the error indented: none can pass for the start of another letter.
+        error = printable(redact(d.error)).replace("\n", "\n    ")
+        click.echo(f"{when}  attempts={d.attempts}  {payload}\n    {error}")
 
 
 def _canonical_key(key: str, text: bool) -> str:
@@ -533,7 +542,7 @@ def check(app_spec: str | None, backend_url: str | None) -> None:
 
     problems = run(go)
     for problem in problems:
-        click.echo(problem)
+        click.echo(printable(problem))
     if problems:
         raise SystemExit(1)
     click.echo(f"{redact(url)}: consistent")
