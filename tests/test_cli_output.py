@@ -17,6 +17,7 @@ from rich.console import Console
 
 from crawlq.backends import open_backend
 from crawlq.cli.common import Group
+from crawlq.cli.inspect import MAX_OFFSET
 from crawlq.errors import BackendError
 from crawlq.observe.terminal import printable, render
 from crawlq.types import Failure, GroupBy, GroupStats, Limit, QueueConfig, Schedule, WorkerInfo
@@ -180,3 +181,33 @@ def test_error_lines_escape_what_they_quote() -> None:
     ran = CliRunner().invoke(tool, ["fail"])
     assert ran.exit_code == 1, ran.output
     assert ran.output == f"Error: server said {printable(ESCAPES)}\\x07\n", ran.output
+
+
+# -- numbers beyond 64 bits -------------------------------------------------------------------
+
+TOO_LARGE = str(2**64 + 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("dead", "list", "custom", "--offset", TOO_LARGE), "--offset"),
+        (("dead", "list", "custom", "--limit", TOO_LARGE), "--limit"),
+        (("stats", "--groups", TOO_LARGE), "--groups"),
+        (("stats", "--watch", "--count", "1", "--groups", TOO_LARGE), "--groups"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, tuple) else a,
+)
+def test_numbers_beyond_the_backends_are_refused(
+    filled: Cli, args: tuple[str, ...], option: str
+) -> None:
+    """They ended in an OverflowError traceback."""
+    ran = filled.run(*args)
+    assert ran.code == 2, ran
+    assert "Traceback" not in ran.err, ran
+    assert f"Invalid value for '{option}'" in ran.err, ran
+
+
+def test_the_largest_offset_is_served(filled: Cli) -> None:
+    ran = filled.ok("dead", "list", "custom", "--offset", str(MAX_OFFSET), "--limit", "1000000")
+    assert ran.out.strip() == "no dead elements in custom", ran

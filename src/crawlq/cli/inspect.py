@@ -23,6 +23,11 @@ from ..observe.terminal import printable
 from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
 from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
 
+#: The most rows --limit and --groups ask for, and the highest --offset: SQLite and Redis
+#: take 64-bit integers (larger ones ended in an OverflowError), offset + limit included.
+MAX_ROWS = 10**9
+MAX_OFFSET = 2**62
+
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned first column, the others right-aligned; each cell on one line, its
@@ -57,7 +62,7 @@ def _limit_text(limit: Limit) -> str:
 @click.option(
     "--groups",
     "group_count",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_ROWS),
     default=10,
     show_default=True,
     help="Busiest groups shown.",
@@ -178,8 +183,8 @@ def dead() -> None:
 
 @dead.command("list")
 @click.argument("queue")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True)
-@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--limit", type=click.IntRange(min=0, max=MAX_ROWS), default=20, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0, max=MAX_OFFSET), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, tracebacks included.")
 @backend_option
 @app_option
