@@ -1,4 +1,7 @@
-"""Exports a record type of the results store: JSON lines, CSV or Parquet, ordered by key."""
+"""Exports a record type of the results store: JSON lines, CSV or Parquet, ordered by key.
+
+Records are read and written a page at a time, so an export of any size takes little memory.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +50,8 @@ def _jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
 def _csv(rows: Iterator[dict[str, Any]], columns: list[str], path: Path) -> int:
     count = 0
     with path.open("w", encoding="utf-8", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=columns)
+        # fields another process adds while this runs are left out, as they are of the header
+        writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             writer.writerow(row)

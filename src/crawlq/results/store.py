@@ -31,6 +31,8 @@ from ..writelock import WriteLock, immediate, open_shared
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
+#: Records `rows` reads at a time.
+ROWS_PAGE = 1_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _outputs (
@@ -221,7 +223,11 @@ class ResultsStore:
     def rows(
         self, type_: str, *, ref: str | None = None, stage: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every record of `type_` (optionally those one stage wrote for one reference), by key."""
+        """Every record of `type_` (optionally those one stage wrote for one reference), by key.
+
+        Read ROWS_PAGE records at a time, by key (the lock is not held between pages): memory
+        stays flat however large the table, and records written meanwhile show up if their
+        key is still ahead."""
         check_name(type_, "record type")
         where, args = [], []
         if stage is not None:
@@ -230,22 +236,31 @@ class ResultsStore:
         if ref is not None:
             where.append("_ref = ?")
             args.append(ref)
-        sql = f'SELECT * FROM "{type_}"'  # every column, those another process just added too
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY key"
-        with self._lock:
-            try:
-                cursor = self._db().execute(sql, args)
-            except sqlite3.OperationalError as exc:
-                if "no such table" in str(exc):
-                    return
-                raise
-            fetched = cursor.fetchall()
-        names = [d[0] for d in cursor.description]
-        shown = [i for i, n in enumerate(names) if n not in _RESERVED or n == "key"]
-        for row in fetched:
-            yield {names[i]: row[i] for i in shown}
+        after: str | None = None
+        while True:
+            conditions = [*where, "key > ?"] if after is not None else where
+            # every column, those another process just added too
+            sql = f'SELECT * FROM "{type_}"'
+            if conditions:
+                sql += " WHERE " + " AND ".join(conditions)
+            sql += " ORDER BY key LIMIT ?"
+            with self._lock:
+                try:
+                    cursor = self._db().execute(
+                        sql, [*args, *([after] if after is not None else []), ROWS_PAGE]
+                    )
+                except sqlite3.OperationalError as exc:
+                    if "no such table" in str(exc):
+                        return
+                    raise
+                page = cursor.fetchall()
+            names = [d[0] for d in cursor.description]
+            shown = [i for i, n in enumerate(names) if n not in _RESERVED or n == "key"]
+            for row in page:
+                yield {names[i]: row[i] for i in shown}
+            if len(page) < ROWS_PAGE:
+                return
+            after = page[-1][names.index("key")]
 
     def records(self, stage: str, ref: str) -> list[Record]:
         """What `stage` wrote for `ref`, as records (fields that are None are left out)."""
