@@ -15,6 +15,19 @@ import pytest
 from crawlq.results import Record, ResultsStore, export
 from crawlq.results.store import ROWS_PAGE
 
+from .test_cli import Cli, cli
+
+__all__ = ["cli"]  # test_cli's fixture, used here too
+
+APP = """
+import os
+import crawlq
+from crawlq.pipeline import Pipeline
+
+app = crawlq.App(os.environ["CRAWLQ_BACKEND"])
+pipeline = Pipeline(app, data=os.environ["EXPORT_DATA"])
+"""
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[ResultsStore]:
@@ -64,3 +77,36 @@ def test_an_export_takes_little_memory_however_many_records(
     if suffix == "jsonl":
         lines = (tmp_path / "out.jsonl").read_text().splitlines()
         assert json.loads(lines[-1]) == {"key": "k00029999", "title": "x" * 100, "n": 29999}
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exporting(cli: Cli) -> Cli:
+    """An app with a pipeline whose results store holds two products."""
+    (cli.cwd / "shop.py").write_text(APP)
+    data = cli.home / "data"
+    with ResultsStore(data / "results.sqlite") as results:
+        results.replace("parse", "r", [product("a", price=12.5), product("b", price=13.5)])
+    return cli
+
+
+def run_export(cli: Cli, *args: str) -> str:
+    env = cli.env(EXPORT_DATA=str(cli.home / "data"))
+    return cli.refused("export", "shop:app", "product", *args, env=env)
+
+
+def test_an_unwritable_path_is_one_error_line(exporting: Cli) -> None:
+    afile = exporting.home / "afile"
+    afile.write_text("")
+    for suffix in ("jsonl", "csv", "parquet"):
+        target = afile / f"x.{suffix}"
+        line = run_export(exporting, str(target))
+        assert line == f"Error: cannot write {target}: {afile}: a file, not a folder", line
+    deeper = afile / "sub" / "x.csv"
+    line = run_export(exporting, str(deeper))
+    assert line == f"Error: cannot write {deeper}: {afile / 'sub'}: Not a directory", line
+    line = run_export(exporting, "/proc/x.parquet")  # pyarrow's own error
+    assert line.startswith("Error: cannot write /proc/x.parquet: "), line
+    assert "No such file or directory" in line, line

@@ -21,7 +21,8 @@ _BATCH = 10_000
 
 def export(store: ResultsStore, type_: str, path: Path | str, *, format: str | None = None) -> int:
     """Writes every record of `type_` to `path` (format from its suffix unless given);
-    returns how many were written."""
+    returns how many were written. A path that cannot be written is a ConfigError naming
+    it."""
     path = Path(path)
     chosen = (format or path.suffix.lstrip(".")).lower()
     if chosen not in FORMATS:
@@ -29,13 +30,21 @@ def export(store: ResultsStore, type_: str, path: Path | str, *, format: str | N
     if type_ not in store.types():
         known = ", ".join(store.types()) or "none yet"
         raise ConfigError(f"no record type {type_!r} in {store.path} (types: {known})")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = store.rows(type_)
-    if chosen == "jsonl":
-        return _jsonl(rows, path)
-    if chosen == "csv":
-        return _csv(rows, store.columns(type_), path)
-    return _parquet(rows, store.columns(type_), path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = store.rows(type_)
+        if chosen == "jsonl":
+            return _jsonl(rows, path)
+        if chosen == "csv":
+            return _csv(rows, store.columns(type_), path)
+        return _parquet(rows, store.columns(type_), path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if isinstance(exc, FileExistsError):  # from mkdir: a file where a folder must be
+            reason = "a file, not a folder"
+        if exc.filename and str(exc.filename) != str(path):
+            reason = f"{exc.filename}: {reason}"
+        raise ConfigError(f"cannot write {path}: {reason}") from None
 
 
 def _jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
