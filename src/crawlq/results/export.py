@@ -1,6 +1,9 @@
 """Exports a record type of the results store: JSON lines, CSV or Parquet, ordered by key.
 
 Records are read and written a page at a time, so an export of any size takes little memory.
+CSV cells that a spreadsheet would run as a formula (text starting with = + - @, a tab or a
+carriage return) are written with a leading single quote, as spreadsheets expect text to be
+marked; `escape_formulas=False` writes them as they are.
 """
 
 from __future__ import annotations
@@ -17,12 +20,22 @@ from .store import ResultsStore
 
 FORMATS = ("jsonl", "csv", "parquet")
 _BATCH = 10_000
+#: What starts a formula in Excel, LibreOffice or Google Sheets (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def export(store: ResultsStore, type_: str, path: Path | str, *, format: str | None = None) -> int:
+def export(
+    store: ResultsStore,
+    type_: str,
+    path: Path | str,
+    *,
+    format: str | None = None,
+    escape_formulas: bool = True,
+) -> int:
     """Writes every record of `type_` to `path` (format from its suffix unless given);
     returns how many were written. A path that cannot be written is a ConfigError naming
-    it."""
+    it; in CSV, text that would start a formula gets a leading ' unless `escape_formulas`
+    is false."""
     path = Path(path)
     chosen = (format or path.suffix.lstrip(".")).lower()
     if chosen not in FORMATS:
@@ -36,7 +49,7 @@ def export(store: ResultsStore, type_: str, path: Path | str, *, format: str | N
         if chosen == "jsonl":
             return _jsonl(rows, path)
         if chosen == "csv":
-            return _csv(rows, store.columns(type_), path)
+            return _csv(rows, store.columns(type_), path, escape_formulas)
         return _parquet(rows, store.columns(type_), path)
     except OSError as exc:
         reason = exc.strerror or str(exc)
@@ -56,14 +69,21 @@ def _jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
     return count
 
 
-def _csv(rows: Iterator[dict[str, Any]], columns: list[str], path: Path) -> int:
+def csv_cell(value: Any) -> Any:
+    """`value` as a CSV cell that no spreadsheet runs: text starting a formula quoted."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def _csv(rows: Iterator[dict[str, Any]], columns: list[str], path: Path, escape: bool) -> int:
     count = 0
     with path.open("w", encoding="utf-8", newline="") as out:
         # fields another process adds while this runs are left out, as they are of the header
         writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow(row)
+            writer.writerow({k: csv_cell(v) for k, v in row.items()} if escape else row)
             count += 1
     return count
 
