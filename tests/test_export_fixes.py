@@ -11,6 +11,7 @@ import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from crawlq.results import Record, ResultsStore, export
@@ -38,6 +39,52 @@ def store(tmp_path: Path) -> Iterator[ResultsStore]:
 
 def product(key: str, **data: object) -> Record:
     return Record(type="product", key=key, data=data)  # type: ignore[arg-type]
+
+
+# -- Parquet: mixed fields --------------------------------------------------------------------
+
+
+def test_a_field_of_numbers_and_text_is_a_text_column_in_parquet(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    store.replace("parse", "http://shop.test/1", [product("a", price=12.5, units=3, note=None)])
+    store.replace("parse", "http://shop.test/2", [product("b", price="n/a", units=4, note=None)])
+    store.replace("parse", "http://shop.test/3", [product("c", price=7, units="many")])
+
+    assert export(store, "product", tmp_path / "p.parquet") == 3
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert [str(f.type) for f in table.schema] == ["string", "string", "string", "string"]
+    assert table.to_pylist() == [
+        {"key": "a", "price": "12.5", "units": "3", "note": None},
+        {"key": "b", "price": "n/a", "units": "4", "note": None},
+        {"key": "c", "price": "7", "units": "many", "note": None},
+    ]
+
+
+def test_integers_then_decimals_past_the_first_batch_are_floats(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    """The first 10,000 rows fixed the column's type: a decimal after them failed the cast."""
+    records = [product(f"k{i:06d}", n=i, label="x") for i in range(10_050)]
+    records.append(product("k999999", n=2.5, label="y"))
+    store.replace("parse", "all", records)
+
+    assert export(store, "product", tmp_path / "p.parquet") == 10_051
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert str(table.schema.field("n").type) == "double"
+    assert str(table.schema.field("label").type) == "string"
+    rows = table.to_pylist()
+    assert rows[0] == {"key": "k000000", "n": 0.0, "label": "x"}
+    assert rows[-1] == {"key": "k999999", "n": 2.5, "label": "y"}
+
+
+def test_parquet_of_one_kind_per_field_keeps_its_types(store: ResultsStore, tmp_path: Path) -> None:
+    store.replace("parse", "r", [product("a", n=1, f=0.5, s="x", e=None), product("b", n=2)])
+    export(store, "product", tmp_path / "p.parquet")
+    table = pq.read_table(tmp_path / "p.parquet")
+    kinds = {f.name: str(f.type) for f in table.schema}
+    assert kinds == {"key": "string", "n": "int64", "f": "double", "s": "string", "e": "string"}
+    assert table.to_pylist()[1] == {"key": "b", "n": 2, "f": None, "s": None, "e": None}
 
 
 # -- CSV: formulas ----------------------------------------------------------------------------
@@ -114,7 +161,7 @@ def exporting(cli: Cli) -> Cli:
     (cli.cwd / "shop.py").write_text(APP)
     data = cli.home / "data"
     with ResultsStore(data / "results.sqlite") as results:
-        results.replace("parse", "r", [product("a", price=12.5), product("b", price=13.5)])
+        results.replace("parse", "r", [product("a", price=12.5), product("b", price="n/a")])
     return cli
 
 
@@ -138,7 +185,20 @@ def test_an_unwritable_path_is_one_error_line(exporting: Cli) -> None:
     assert "No such file or directory" in line, line
 
 
-def test_the_help_says_what_export_does_to_csv_cells(cli: Cli) -> None:
+def test_the_help_says_what_export_does_to_csv_cells_and_mixed_fields(cli: Cli) -> None:
     help_text = " ".join(cli.ok("export", "--help").out.split())
     assert "In CSV, text starting with = + - @, a tab or a carriage return is written" in help_text
     assert "with a leading '" in help_text
+    assert "In Parquet, a field holding both text and numbers is a text column" in help_text
+
+
+def test_the_command_exports_a_field_of_numbers_and_text(exporting: Cli) -> None:
+    """It ended in a pyarrow traceback (ArrowInvalid: could not convert 'n/a')."""
+    env = exporting.env(EXPORT_DATA=str(exporting.home / "data"))
+    out = exporting.home / "p.parquet"
+    ran = exporting.ok("export", "shop:app", "product", str(out), env=env)
+    assert ran.out.strip() == f"wrote 2 product records to {out}", ran
+    assert pq.read_table(out).to_pylist() == [
+        {"key": "a", "price": "12.5"},
+        {"key": "b", "price": "n/a"},
+    ]

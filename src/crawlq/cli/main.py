@@ -266,7 +266,7 @@ cli.add_command(export)
 export.help = (
     f"{export.help or ''}\n\nIn CSV, text starting with = + - @, a tab or a carriage return is"
     " written with a leading ' (a spreadsheet shows it as text instead of running it as a"
-    " formula)."
+    " formula). In Parquet, a field holding both text and numbers is a text column."
 )
 
 

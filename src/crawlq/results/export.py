@@ -3,14 +3,16 @@
 Records are read and written a page at a time, so an export of any size takes little memory.
 CSV cells that a spreadsheet would run as a formula (text starting with = + - @, a tab or a
 carriage return) are written with a leading single quote, as spreadsheets expect text to be
-marked; `escape_formulas=False` writes them as they are.
+marked; `escape_formulas=False` writes them as they are. In Parquet, a field that holds text
+in some records and numbers in others is a text column (the numbers written as JSON writes
+them); a field of integers and decimals is a float column.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ def export(
             return _jsonl(rows, path)
         if chosen == "csv":
             return _csv(rows, store.columns(type_), path, escape_formulas)
-        return _parquet(rows, store.columns(type_), path)
+        return _parquet(rows, store.column_kinds(type_), path)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if isinstance(exc, FileExistsError):  # from mkdir: a file where a folder must be
@@ -88,38 +90,49 @@ def _csv(rows: Iterator[dict[str, Any]], columns: list[str], path: Path, escape:
     return count
 
 
-def _parquet(rows: Iterator[dict[str, Any]], columns: list[str], path: Path) -> int:
+def _parquet(rows: Iterator[dict[str, Any]], kinds: dict[str, set[str]], path: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    types = {name: _arrow_type(held) for name, held in kinds.items()}
+    schema = pa.schema(list(types.items()))
+    as_text = [n for n, kind in types.items() if kind == pa.string() and kinds[n] - {"text"}]
     count = 0
-    writer: Any = None
-    try:
+    with pq.ParquetWriter(str(path), schema) as writer:
         while batch := list(islice(rows, _BATCH)):
-            table = pa.Table.from_pylist(batch)
-            if writer is None:
-                writer = pq.ParquetWriter(str(path), _widened(table.schema, columns))
-            writer.write_table(table.cast(writer.schema))
+            for row in batch:
+                for name in as_text:
+                    row[name] = _text(row.get(name))
+            try:
+                table = pa.Table.from_pylist(batch, schema=schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a record written meanwhile
+                raise ConfigError(
+                    f"cannot export to {path}: a field changed type while exporting ({exc});"
+                    " export again"
+                ) from None
+            writer.write_table(table)
             count += len(batch)
-        if writer is None:  # no rows: an empty file with the columns, as text
-            schema = pa.schema([(c, pa.string()) for c in columns])
-            pq.write_table(schema.empty_table(), str(path))
-    finally:
-        if writer is not None:
-            writer.close()
     return count
 
 
-def _widened(schema: Any, columns: list[str]) -> Any:
-    """The first batch's schema with every column present; columns that held only nulls
-    there become text."""
+def _arrow_type(held: set[str]) -> Any:
+    """The column for a field holding these SQLite types: integers, floats (integers and
+    decimals), bytes, or text (text only, nothing but nulls, or a mix with text)."""
     import pyarrow as pa
 
-    fields = []
-    for name in columns:
-        index = schema.get_field_index(name)
-        kind = schema.field(index).type if index >= 0 else pa.string()
-        if pa.types.is_null(kind):
-            kind = pa.string()
-        fields.append(pa.field(name, kind))
-    return pa.schema(fields)
+    kinds: dict[frozenset[str], Callable[[], Any]] = {
+        frozenset({"integer"}): pa.int64,
+        frozenset({"real"}): pa.float64,
+        frozenset({"integer", "real"}): pa.float64,
+        frozenset({"blob"}): pa.binary,
+    }
+    return kinds.get(frozenset(held), pa.string)()
+
+
+def _text(value: Any) -> str | None:
+    """A value of a mixed field as text: numbers as JSON writes them."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return json.dumps(value)

@@ -262,6 +262,25 @@ class ResultsStore:
                 return
             after = page[-1][names.index("key")]
 
+    def column_kinds(self, type_: str) -> dict[str, set[str]]:
+        """The SQLite types (`integer`, `real`, `text`, `blob`) each field of `type_` holds
+        in some record (nulls left out): one pass over the table."""
+        columns = [c for c in self.columns(type_) if c != "key"]
+        if not columns:
+            return {"key": {"text"}}
+        kinds = ", ".join(f'group_concat(DISTINCT typeof("{c}"))' for c in columns)
+        with self._lock:
+            try:
+                found = self._db().execute(f'SELECT {kinds} FROM "{type_}"').fetchone()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    return {}
+                raise
+        out = {"key": {"text"}}
+        for name, listed in zip(columns, found, strict=True):
+            out[name] = set((listed or "").split(",")) - {"", "null"}
+        return out
+
     def records(self, stage: str, ref: str) -> list[Record]:
         """What `stage` wrote for `ref`, as records (fields that are None are left out)."""
         out: list[Record] = []
