@@ -19,7 +19,8 @@ from crawlq.backends import open_backend
 from crawlq.cli.common import Group
 from crawlq.cli.inspect import MAX_OFFSET
 from crawlq.errors import BackendError
-from crawlq.observe.terminal import printable, render
+from crawlq.observe.logs import printable
+from crawlq.observe.terminal import render
 from crawlq.types import Failure, GroupBy, GroupStats, Limit, QueueConfig, Schedule, WorkerInfo
 
 from .test_cli import Cli, cli

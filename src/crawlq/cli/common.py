@@ -18,8 +18,7 @@ from ..app import App, check_backend_url
 from ..backends import DEFAULT_URL, Backend, open_backend
 from ..checks import shorten, unicode_error
 from ..errors import ConfigError, CrawlqError
-from ..observe.logs import redact
-from ..observe.terminal import printable
+from ..observe.logs import printable, redact
 
 T = TypeVar("T")
 

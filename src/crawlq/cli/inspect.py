@@ -18,8 +18,7 @@ from ..errors import ConfigError, CrawlqError
 from ..grouping import group_name
 from ..identity import canonical_json, parse_json
 from ..limits import check_pattern
-from ..observe.logs import redact
-from ..observe.terminal import printable
+from ..observe.logs import printable, redact
 from ..types import GroupStats, Limit, LimitRule, QueueStats, WorkerInfo
 from .common import Group, app_option, backend_option, connected, echo_json, resolve_url, run
 

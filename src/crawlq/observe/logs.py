@@ -194,17 +194,26 @@ class TaskFieldsFilter(logging.Filter):
         return True
 
 
-#: Control characters (C0, DEL, C1), with and without the newline: in a crawl, much of what
-#: is logged comes from sites, and a terminal obeys escape sequences.
-_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-_CONTROLS_BUT_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (ESC starts
+#: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: The same and newline: for cells and fields shown on one line.
+_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
 
 
-def escape_controls(text: str, *, newlines: bool = True) -> str:
-    """`text` with its control characters written as Python escapes (\\x1b, and \\n unless
-    `newlines` is False), tabs kept."""
-    pattern = _CONTROLS if newlines else _CONTROLS_BUT_NEWLINE
-    return pattern.sub(lambda match: repr(match.group())[1:-1], text)
+def _visible(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+
+
+def printable(text: str, *, one_line: bool = False) -> str:
+    """`text` as a terminal may show it: each control character but tab and newline (with
+    `one_line`, newline too) replaced by its escape, ``\\x1b`` for ESC, ``\\r``, ``\\n``.
+    For human-readable output of text others chose (error messages, URLs, group names of
+    crawled sites): JSON output escapes them already."""
+    pattern = _LINE_CONTROLS if one_line else _CONTROLS
+    return pattern.sub(_visible, text) if pattern.search(text) else text
 
 
 class TextFormatter(logging.Formatter):
@@ -215,13 +224,13 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = escape_controls(record.message)
+        record.message = printable(record.message, one_line=True)
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = escape_controls(redact(super().format(record)), newlines=False)
+        line = printable(redact(super().format(record)))
         named = [
-            f"{n}={escape_controls(str(getattr(record, n)))}"
+            f"{n}={printable(str(getattr(record, n)), one_line=True)}"
             for n in TASK_FIELDS
             if hasattr(record, n)
         ]

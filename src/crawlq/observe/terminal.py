@@ -1,42 +1,20 @@
-"""`crawlq stats --watch`: the numbers of `crawlq stats`, redrawn in place with rich; and
-`printable`, which every command showing stored text to a terminal passes it through."""
+"""`crawlq stats --watch`: the numbers of `crawlq stats`, redrawn in place with rich. Text
+others chose goes through `printable` (observe/logs.py), as every command shows it."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..backends import Backend
 from ..types import GroupStats, QueueStats, WorkerInfo
-from .logs import redact
+from .logs import printable, redact
 from .metrics import throttle_reason
 
-if TYPE_CHECKING:  # rich is imported when drawing: plain commands use `printable` only
+if TYPE_CHECKING:  # rich is imported when drawing, not by every command that imports this
     from rich.console import Console, Group
     from rich.text import Text
-
-#: C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (ESC starts
-#: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals).
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-#: The same and newline: for cells and fields shown on one line.
-_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-_NAMED = {"\n": "\\n", "\r": "\\r"}
-
-
-def _visible(match: re.Match[str]) -> str:
-    char = match.group()
-    return _NAMED.get(char) or f"\\x{ord(char):02x}"
-
-
-def printable(text: str, *, one_line: bool = False) -> str:
-    """`text` as a terminal may show it: each control character but tab and newline (with
-    `one_line`, newline too) replaced by its escape, ``\\x1b`` for ESC, ``\\r``, ``\\n``.
-    For human-readable output of text others chose (error messages, URLs, group names of
-    crawled sites): JSON output escapes them already."""
-    pattern = _LINE_CONTROLS if one_line else _CONTROLS
-    return pattern.sub(_visible, text) if pattern.search(text) else text
 
 
 def _cell(text: str, style: str = "") -> Text:
