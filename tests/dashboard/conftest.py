@@ -176,7 +176,7 @@ def board(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Board]:
         CRAWLQ_TEST_HEAL=str(tmp_path / "heal"),
         CRAWLQ_TEST_RELEASE=str(tmp_path / "release"),
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prom"),
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's crawlq
         COLUMNS="200",
     )
     made = Board(
