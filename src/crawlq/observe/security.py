@@ -2,9 +2,12 @@
 CSRF tokens for actions.
 
 With a token set, a request passes with ``Authorization: Bearer <token>`` (for scrapers and
-scripts) or the ``crawlq_token`` cookie. Opening any page with ``?token=<token>`` sets that
-cookie (HttpOnly, SameSite=Strict) and redirects to the same page without the token, so it
-stays out of the address bar and history. Everything else gets 401 and a login form.
+scripts) or the ``crawlq_token`` login cookie. Logging in (the form, or opening any page with
+``?token=<token>``, which then redirects to the same page without it, out of the address bar
+and history) sets that cookie (HttpOnly, SameSite=Strict, LOGIN_SECONDS): an expiry and an HMAC
+of it under a secret made at start-up, never the token itself, since a browser sends the
+cookies of 127.0.0.1 to every port of it, so to any other local service too. Everything else
+gets 401 and a login form.
 
 Actions are POST forms carrying ``csrf``: an HMAC of the browser's session cookie under a
 secret made at start-up. Another site can make a browser post, but cannot read the token;
@@ -18,6 +21,7 @@ import hmac
 import html
 import re
 import secrets
+import time
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -27,7 +31,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import ConfigError
 
+#: The login cookie (named as when it held the token, so that logging in again replaces an old
+#: one): "<expiry>.<HMAC>", see Guard.login_cookie.
 TOKEN_COOKIE = "crawlq_token"
+#: How long a login lasts.
+LOGIN_SECONDS = 12 * 3600
 SESSION_COOKIE = "crawlq_session"
 LOGIN_PATH = "/login"
 MAX_FORM_BYTES = 64 * 1024
@@ -105,13 +113,34 @@ class Guard:
             candidate.encode(), self.token.encode()
         )
 
+    def _login_mac(self, expiry: int) -> str:
+        message = f"login:{self.token}:{expiry}".encode()
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
+
+    def login_cookie(self, lifetime: int = LOGIN_SECONDS) -> str:
+        """The login cookie's value once the token was given: its expiry, `lifetime` seconds
+        from now, and an HMAC of it (and of the token) under this dashboard's secret."""
+        expiry = int(time.time()) + lifetime
+        return f"{expiry}.{self._login_mac(expiry)}"
+
+    def login_ok(self, candidate: str | None) -> bool:
+        """Whether `candidate` is a login cookie this dashboard made, not yet expired."""
+        expiry, _, mac = (candidate or "").partition(".")
+        if not expiry.isascii() or not expiry.isdigit() or len(expiry) > 12:
+            return False
+        if int(expiry) <= time.time():
+            return False
+        return hmac.compare_digest(
+            mac.encode("ascii", "replace"), self._login_mac(int(expiry)).encode()
+        )
+
     def authorized(self, scope: Scope, jar: dict[str, str]) -> bool:
         if self.token is None:
             return True
         bearer = header(scope, b"authorization")
         if bearer and bearer.lower().startswith("bearer "):
             return self.token_ok(bearer[7:].strip())
-        return self.token_ok(jar.get(TOKEN_COOKIE))
+        return self.login_ok(jar.get(TOKEN_COOKIE))
 
 
 class GuardMiddleware:
@@ -144,7 +173,7 @@ class GuardMiddleware:
                 if self.guard.token_ok(query["token"]):
                     rest = urlencode({k: v for k, v in query.items() if k != "token"})
                     location = scope["path"] + (f"?{rest}" if rest else "")
-                    extra.append(cookie_header(TOKEN_COOKIE, self.guard.token))
+                    extra.append(self._login_cookie())
                     await self._plain(send, 303, "", extra, location=location)
                 else:
                     await self._plain(send, 401, login_page("wrong token"), extra)
@@ -162,12 +191,16 @@ class GuardMiddleware:
 
         await self.app(scope, receive, send_with_cookies)
 
+    def _login_cookie(self) -> str:
+        value = self.guard.login_cookie()
+        return cookie_header(TOKEN_COOKIE, value, max_age=LOGIN_SECONDS)
+
     async def _login(self, scope: Scope, receive: Receive, send: Send, extra: list[str]) -> None:
         form = await read_form(receive)
         if form is None or not self.guard.token_ok(form.get("token")):
             await self._plain(send, 401, login_page("wrong token"), extra)
             return
-        extra.append(cookie_header(TOKEN_COOKIE, self.guard.token or ""))
+        extra.append(self._login_cookie())
         target = form.get("next", "/")
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
