@@ -3,11 +3,13 @@ subprocess (and, where only a browser tells, in Chromium): one section a defect 
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import secrets
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -17,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard
 
 from ..conftest import backend_url
 from .conftest import APP, ROOT
+from .test_dashboard import CHROMIUM
 
 TOKEN = "tok-" + secrets.token_urlsafe(18)
 
@@ -188,3 +192,79 @@ def test_a_login_cookie_ends_with_its_expiry_and_its_dashboard() -> None:
     assert not guard.login_ok(guard.login_cookie(lifetime=-1)), "expired"
     assert not Guard(TOKEN).login_ok(guard.login_cookie()), "another dashboard's (a restart)"
     assert not guard.login_ok(TOKEN) and not guard.login_ok(None) and not guard.login_ok("")
+
+
+# -- 2. framing ------------------------------------------------------------------------------
+
+
+def test_no_response_may_be_framed(launch: Launch) -> None:
+    board = launch()
+    port = board.base.rsplit(":", 1)[1]
+    replies = {
+        "page": board.request("/dead?queue=pages"),
+        "fragment": board.request("/?fragment=1"),
+        "static": board.request("/static/dashboard.js"),
+        "metrics": board.request("/metrics"),
+        "login form": board.request("/", bearer=False),
+        "login": board.request("/login", data=f"token={TOKEN}".encode(), bearer=False),
+        "confirm": board.request("/dead/purge", data=b"queue=pages&all=1&csrf=x"),
+        "not found": board.request("/no/such/page"),
+        "other host": board.request("/", headers={"Host": f"evil.test:{port}"}),
+    }
+    assert [r.status for r in replies.values()] == [200, 200, 200, 200, 401, 303, 403, 404, 400]
+    for name, reply in replies.items():
+        assert reply.headers["x-frame-options"] == "DENY", name
+        policy = reply.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy, name
+    page = replies["page"].body
+    assert '<script src="/static/dashboard.js"' in page, "the script the policy allows"
+    assert not re.search(r"<script>|<style|\sstyle=|\son[a-z]+=", page), "nothing inline"
+
+
+def test_in_chromium_another_port_gets_no_token_and_cannot_frame_the_dashboard(
+    launch: Launch,
+) -> None:
+    """The reviewer's case: a browser logged in to the dashboard opens another local service
+    (same site: 127.0.0.1, another port), which reads the cookies it is sent and frames /dead."""
+    board = launch(dead=True)
+    seen: list[str] = []
+    frame = f'<iframe id="f" src="{board.base}/dead?queue=pages" width=900 height=600></iframe>'
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Cookie") or "")
+            body = f"<!doctype html><h1>win a prize</h1>{frame}".encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                page = browser.new_page()
+                console: list[str] = []
+                page.on("console", lambda message: console.append(message.text))
+                page.goto(f"{board.base}/dead?queue=pages&token={TOKEN}")
+                expect(page.locator("#updated")).to_contain_text("live", timeout=15_000)
+                refused = [text for text in console if "Content Security Policy" in text]
+                assert refused == [], "the page's own script and style pass the policy"
+                page.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+                framed = page.frame_locator("#f").locator("text=Purge all of pages")
+                page.wait_for_timeout(500)
+                assert framed.count() == 0, "the dashboard refuses to be framed"
+            finally:
+                browser.close()
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert seen and all(TOKEN_COOKIE in cookie for cookie in seen), seen
+    assert not any(TOKEN in cookie for cookie in seen), "another port got the token"

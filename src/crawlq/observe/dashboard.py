@@ -38,7 +38,7 @@ from ..types import GroupStats
 from .logs import redact
 from .metrics import exposition, throttle_reason
 from .observer import Observer, rates
-from .security import MAX_FORM_BYTES, Guard, GuardMiddleware
+from .security import MAX_FORM_BYTES, Guard, GuardMiddleware, HeadersMiddleware
 
 HERE = Path(__file__).parent
 DEAD_PAGE = 50
@@ -157,6 +157,7 @@ class Dashboard:
         middleware = [Middleware(GuardMiddleware, guard=self.guard)]
         if allowed_hosts:
             middleware.insert(0, Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
+        middleware.insert(0, Middleware(HeadersMiddleware))
         routes = [
             Route("/", self.queues_page),
             Route("/groups", self.groups_page),

@@ -143,6 +143,42 @@ class Guard:
         return self.login_ok(jar.get(TOKEN_COOKIE))
 
 
+#: Sent with every response: no page may be framed, by another site or by another port of
+#: 127.0.0.1 (same-site, so SameSite cookies go along), so a click cannot be stolen; the pages
+#: load only their own script and style (static/), never inline ones.
+SECURITY_HEADERS = [
+    (b"x-frame-options", b"DENY"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self';"
+        b" object-src 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+]
+
+
+class HeadersMiddleware:
+    """Pure ASGI: adds SECURITY_HEADERS to every HTTP response (the outermost middleware, so
+    to the guard's own 401s and the Host check's 400s too)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS:
+                    headers[name.decode()] = value.decode()
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
 class GuardMiddleware:
     """Pure ASGI: every HTTP request passes the guard before reaching the app."""
 
