@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard
+from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard, cookies
 
 from ..conftest import backend_url
 from .conftest import APP, ROOT
@@ -268,3 +268,37 @@ def test_in_chromium_another_port_gets_no_token_and_cannot_frame_the_dashboard(
         other.server_close()
     assert seen and all(TOKEN_COOKIE in cookie for cookie in seen), seen
     assert not any(TOKEN in cookie for cookie in seen), "another port got the token"
+
+
+# -- 3. cookies ------------------------------------------------------------------------------
+
+
+def test_cookies_are_read_pair_by_pair() -> None:
+    ours = f"{TOKEN_COOKIE}=1.ab; crawlq_session={'1' * 32}"
+    for other in ['ajs_user={"id":1}', "x=a b", "pref=[1,2]", "a=b\\c", 'g_state={"i_l":0}']:
+        for header in (f"{other}; {ours}", f"{ours}; {other}"):
+            jar = cookies({"headers": [(b"cookie", header.encode())]})
+            assert jar[TOKEN_COOKIE] == "1.ab" and jar["crawlq_session"] == "1" * 32, header
+    two = {"headers": [(b"cookie", b"a=1"), (b"cookie", f"{TOKEN_COOKIE}=2.cd".encode())]}
+    assert cookies(two) == {"a": "1", TOKEN_COOKIE: "2.cd"}
+
+
+def test_a_cookie_another_app_set_breaks_neither_actions_nor_the_login(launch: Launch) -> None:
+    board = launch(dead=True)
+    other = 'ajs_user={"id":1}'
+    session = "crawlq_session=" + "4" * 32
+    page = board.request("/dead?queue=pages", headers={"Cookie": f"{other}; {session}"})
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.body)
+    assert page.status == 200 and csrf is not None
+    assert page.cookie("crawlq_session") is None, "the session cookie was read"
+    form = f"queue=pages&key=%22nope%22&csrf={csrf.group(1)}".encode()  # the confirm page only
+    for cookie in (session, f"{other}; {session}", f"{session}; {other}"):
+        reply = board.request("/dead/requeue", data=form, headers={"Cookie": cookie})
+        assert reply.status == 200 and "Re-queue?" in reply.body, cookie
+
+    login = board.request("/login", data=f"token={TOKEN}".encode(), bearer=False)
+    set_cookie = login.cookie(TOKEN_COOKIE)
+    assert set_cookie is not None
+    value = set_cookie.split(";", 1)[0]
+    for cookie in (value, f"{other}; {value}", f"{value}; x=a b; {other}"):
+        assert board.request("/", headers={"Cookie": cookie}, bearer=False).status == 200, cookie
