@@ -7,9 +7,11 @@ import http.server
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -302,3 +304,63 @@ def test_a_cookie_another_app_set_breaks_neither_actions_nor_the_login(launch: L
     value = set_cookie.split(";", 1)[0]
     for cookie in (value, f"{other}; {value}", f"{value}; x=a b; {other}"):
         assert board.request("/", headers={"Cookie": cookie}, bearer=False).status == 200, cookie
+
+
+# -- 4. /metrics off the event loop ------------------------------------------------------------
+
+_FILL = """
+import sys
+from prometheus_client import values
+from crawlq.observe import metrics
+values.ValueClass = values.MultiProcessValue(lambda: 1)
+wm = metrics.worker_metrics.__wrapped__()
+for q in range(5):
+    wm.started(f"queue{q}", 0.1)
+    for outcome in ("done", "retry", "dead"):
+        wm.finished(f"queue{q}", outcome, 0.2)
+for status in range(200, 220):
+    wm.record_fetch(status, 100)
+"""
+
+
+def test_a_slow_metrics_merge_blocks_no_other_page(launch: Launch, tmp_path: Path) -> None:
+    # The files of many worker processes (dead ones are never removed): one written by a real
+    # prometheus-client, copied as if by other pids.
+    prom = tmp_path / "prom"
+    prom.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run([sys.executable, "-c", _FILL], env=env, check=True, timeout=60)
+    written = sorted(prom.glob("*_1.db"))
+    assert written
+    for pid in range(2, 1200):
+        for path in written:
+            shutil.copyfile(path, prom / path.name.replace("_1.db", f"_{pid}.db"))
+    board = launch(env={"PROMETHEUS_MULTIPROC_DIR": str(prom)})
+
+    started = time.monotonic()
+    scraped = board.request("/metrics", timeout=120)
+    merge = time.monotonic() - started
+    assert scraped.status == 200 and "crawlq_tasks_total" in scraped.body
+    assert merge > 0.5, f"a merge this quick ({merge:.2f}s) shows nothing: more files"
+
+    scrapes: list[int] = []
+
+    def scrape() -> None:
+        for _ in range(2):
+            scrapes.append(board.request("/metrics", timeout=120).status)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        waits: list[float] = []
+        while scraper.is_alive() and len(waits) < 40:
+            started = time.monotonic()
+            assert board.request("/api/stats", timeout=120).status == 200
+            waits.append(time.monotonic() - started)
+            time.sleep(0.02)
+    finally:
+        scraper.join()
+    assert scrapes == [200, 200]
+    waits.sort()
+    assert len(waits) >= 5, f"pages were served {len(waits)} times while /metrics merged"
+    assert waits[len(waits) // 2] < merge / 3, (merge, waits)

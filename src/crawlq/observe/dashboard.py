@@ -9,6 +9,7 @@ part reloads itself from ``?fragment=1`` every couple of seconds, without reload
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import glob
@@ -350,8 +351,11 @@ class Dashboard:
 
     async def metrics(self, request: Request) -> Response:
         snapshot = await self.observer.snapshot()
+        # Merging every worker process's files takes a while with many of them: in a thread,
+        # so that the other pages are served meanwhile.
+        text = await asyncio.to_thread(exposition, snapshot)
         return Response(
-            exposition(snapshot),
+            text,
             media_type="text/plain; version=0.0.4; charset=utf-8",
             headers={"cache-control": "no-store"},
         )
