@@ -364,3 +364,19 @@ def test_a_slow_metrics_merge_blocks_no_other_page(launch: Launch, tmp_path: Pat
     waits.sort()
     assert len(waits) >= 5, f"pages were served {len(waits)} times while /metrics merged"
     assert waits[len(waits) // 2] < merge / 3, (merge, waits)
+
+
+# -- 5. offsets --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_huge_dead_letter_offset_is_no_error(launch: Launch, kind: str) -> None:
+    board = launch(kind=kind)
+    for offset in ("99999999999999999999", str(2**63), str(2**63 - 1), "-99999999999999999999"):
+        for path in (
+            f"/dead?queue=pages&offset={offset}",
+            f"/dead?offset={offset}&queue=pages&fragment=1",
+        ):
+            reply = board.request(path)
+            assert reply.status == 200, (path, reply.body[-300:])
+            assert "No dead elements in pages" in reply.body, path

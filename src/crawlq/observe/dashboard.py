@@ -43,6 +43,9 @@ from .security import MAX_FORM_BYTES, Guard, GuardMiddleware, HeadersMiddleware
 
 HERE = Path(__file__).parent
 DEAD_PAGE = 50
+#: The largest dead-letter offset asked of a backend: an offset plus a page stays a 64-bit
+#: integer (SQLite and Redis refuse larger ones).
+MAX_OFFSET = 2**62
 #: Elements listed under each worker on the workers page.
 WORKER_ELEMENTS = 10
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
@@ -255,7 +258,7 @@ class Dashboard:
         queue = request.query_params.get("queue") or next(
             (q.name for q in queues if q.dead), queues[0].name if queues else ""
         )
-        offset = max(0, _int(request.query_params.get("offset"), 0))
+        offset = min(MAX_OFFSET, max(0, _int(request.query_params.get("offset"), 0)))
         letters = []
         if queue:
             try:
