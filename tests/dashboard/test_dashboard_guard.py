@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from crawlq.cli.dashboard import allowed_hosts
+from crawlq.observe.dashboard import LOOPBACK_HOSTS
 from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard, cookies
 
 from ..conftest import backend_url
@@ -380,3 +382,26 @@ def test_a_huge_dead_letter_offset_is_no_error(launch: Launch, kind: str) -> Non
             reply = board.request(path)
             assert reply.status == 200, (path, reply.body[-300:])
             assert "No dead elements in pages" in reply.body, path
+
+
+# -- 6. another loopback address ----------------------------------------------------------------
+
+
+def test_a_dashboard_on_127_0_0_2_answers_its_own_address(launch: Launch) -> None:
+    board = launch("--host", "127.0.0.2")
+    assert board.base.startswith("http://127.0.0.2:")
+    port = board.base.rsplit(":", 1)[1]
+    assert board.request("/").status == 200
+    assert board.request("/", headers={"Host": "127.0.0.2"}).status == 200
+    assert board.request("/", headers={"Host": f"localhost:{port}"}).status == 200
+    assert board.request("/", headers={"Host": f"evil.test:{port}"}).status == 400, "rebinding"
+    assert board.request("/", headers={"Host": f"127.0.0.3:{port}"}).status == 400
+
+
+def test_the_allowed_hosts_are_the_loopback_names_and_the_bound_address() -> None:
+    assert allowed_hosts("127.0.0.1", LOOPBACK_HOSTS) == LOOPBACK_HOSTS
+    assert allowed_hosts("127.0.0.2", LOOPBACK_HOSTS) == [*LOOPBACK_HOSTS, "127.0.0.2"]
+    assert allowed_hosts("[::1]", LOOPBACK_HOSTS) == LOOPBACK_HOSTS
+    assert allowed_hosts("localhost", LOOPBACK_HOSTS) == LOOPBACK_HOSTS
+    assert allowed_hosts("0.0.0.0", LOOPBACK_HOSTS) is None, "off loopback the token guards it"
+    assert allowed_hosts("192.0.2.1", LOOPBACK_HOSTS) is None

@@ -26,6 +26,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(host: str, loopback: list[str]) -> list[str] | None:
+    """The names a dashboard listening on `host` answers in the Host header (any port; the
+    Host check compares the name only): on loopback, the loopback names and the address it
+    listens on (so 127.0.0.2 too), an IPv6 one with and without brackets; elsewhere any
+    (None). The check keeps DNS-rebinding pages (evil.test resolving to 127.0.0.1) out."""
+    if not is_loopback(host):
+        return None
+    bare = host.strip("[]").lower()
+    own = [bare, f"[{bare}]"] if ":" in bare else [bare]
+    return [*loopback, *(name for name in own if name not in loopback)]
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -102,7 +114,7 @@ def dashboard(
     async def main() -> None:
         async with connected(url) as backend:
             board = Dashboard(backend, token=token, ttl=cache)
-            allowed = [*LOOPBACK_HOSTS] if is_loopback(host) else None
+            allowed = allowed_hosts(host, LOOPBACK_HOSTS)
             config = uvicorn.Config(
                 board.app(allowed_hosts=allowed),
                 log_config=None,
