@@ -209,7 +209,11 @@ class Env:
     @property
     def environ(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLQ_")}
-        env.update(CRAWLQ_BACKEND=self.url, PYTHONPATH=str(ROOT), COLUMNS="200")
+        env.update(
+            CRAWLQ_BACKEND=self.url,
+            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+            COLUMNS="200",
+        )
         return env
 
     def crawlq(self, *args: str, code: int = 0, **env: str) -> str:
