@@ -262,12 +262,6 @@ cli.add_command(crawl)
 cli.add_command(dashboard)
 cli.add_command(reprocess)
 cli.add_command(export)
-# What `crawlq export` (cli/pipeline.py) does to CSV cells, in its help (results/export.py).
-export.help = (
-    f"{export.help or ''}\n\nIn CSV, text starting with = + - @, a tab or a carriage return is"
-    " written with a leading ' (a spreadsheet shows it as text instead of running it as a"
-    " formula). In Parquet, a field holding both text and numbers is a text column."
-)
 
 
 def _log_format_option(ctx: click.Context, _param: click.Parameter, value: str) -> str:

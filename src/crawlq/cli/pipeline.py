@@ -72,7 +72,11 @@ def reprocess(
     help="Default: from PATH's suffix (.jsonl, .csv, .parquet).",
 )
 def export(app_spec: str, record_type: str, path: Path, format_: str | None) -> None:
-    """Write every RECORD_TYPE record of MODULE:APP's results store to PATH."""
+    """Write every RECORD_TYPE record of MODULE:APP's results store to PATH.
+
+    In CSV, text starting with = + - @, a tab or a carriage return is written with a leading '
+    (a spreadsheet shows it as text instead of running it as a formula). In Parquet, a field
+    holding both text and numbers is a text column."""
     pipeline = _pipeline(app_spec)
     try:
         count = export_records(pipeline.results, record_type, path, format=format_)
