@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 import click
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crawlq.cli.main import cli
 from crawlq.observe.dashboard import glob_for, sparkline
 from crawlq.observe.logs import configure, safe_key, task_fields, task_scope
-from crawlq.observe.metrics import throttle_reason
+from crawlq.observe.metrics import Snapshot, exposition, throttle_reason
 from crawlq.types import GroupStats, Limit
 
 
@@ -131,3 +132,19 @@ def test_text_logs_escape_what_would_forge_a_line_or_drive_a_terminal() -> None:
     assert "\\n2026-11-24 04:00:00,000 INFO" in lines[0]
     assert lines[-1] == "ValueError: bad\\x1b[31m"
     assert not any(c in stream.getvalue() for c in "\x1b\x07")
+
+
+@pytest.mark.parametrize("named", [0, 3])
+def test_metrics_count_groups_and_name_only_the_busiest_asked_for(named: int) -> None:
+    """Every host is a group, and the busiest change: a series each would grow Prometheus
+    one for every host ever among them."""
+    now = 1000.0
+    groups = [_group(name=f"h{n}.test", queued=100 - n, running=2) for n in range(150)]
+    groups += [_group(name=f"b{n}.test", blocked_until=now + 60) for n in range(50)]
+    snapshot = Snapshot(at=now, queues=[], groups=groups, workers=[])
+    text = exposition(snapshot, named).decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    labelled = {s.labels["group"] for s in samples if "group" in s.labels}
+    assert labelled == {f"h{n}.test" for n in range(named)}
+    counted = {s.labels["reason"]: s.value for s in samples if s.name == "crawlq_groups_throttled"}
+    assert counted == {"blocked": 50, "full": 150, "interval": 0}

@@ -83,6 +83,14 @@ def _bind(host: str, port: int) -> socket.socket:
     show_default=True,
     help="Seconds a backend read is reused by every page and /metrics (0: none).",
 )
+@click.option(
+    "--metrics-groups",
+    type=click.IntRange(0, 10**6),
+    default=0,
+    show_default=True,
+    help="Series of their own in /metrics for the N busiest groups. Every host a crawl meets"
+    " is a group, and the busiest change: each becomes a Prometheus series for good.",
+)
 def dashboard(
     app_spec: str | None,
     backend_url: str | None,
@@ -90,6 +98,7 @@ def dashboard(
     port: int,
     token: str | None,
     cache: float,
+    metrics_groups: int,
 ) -> None:
     """Serve the web dashboard and /metrics for a backend (or MODULE:APP's)."""
     import uvicorn
@@ -113,7 +122,7 @@ def dashboard(
 
     async def main() -> None:
         async with connected(url) as backend:
-            board = Dashboard(backend, token=token, ttl=cache)
+            board = Dashboard(backend, token=token, ttl=cache, metric_groups=metrics_groups)
             allowed = allowed_hosts(host, LOOPBACK_HOSTS)
             config = uvicorn.Config(
                 board.app(allowed_hosts=allowed),

@@ -37,7 +37,7 @@ from ..errors import CrawlqError, UnknownQueue
 from ..grouping import group_pattern
 from ..types import GroupStats
 from .logs import redact
-from .metrics import exposition, throttle_reason
+from .metrics import METRIC_GROUPS, exposition, throttle_reason
 from .observer import Observer, rates
 from .security import MAX_FORM_BYTES, Guard, GuardMiddleware, HeadersMiddleware
 
@@ -116,8 +116,16 @@ def glob_for(search: str) -> str:
 class Dashboard:
     """Request handlers over one Observer; `app()` builds the ASGI app."""
 
-    def __init__(self, backend: Backend, *, token: str | None = None, ttl: float = 1.0) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        token: str | None = None,
+        ttl: float = 1.0,
+        metric_groups: int = METRIC_GROUPS,
+    ) -> None:
         self.backend = backend
+        self.metric_groups = metric_groups
         self.observer = Observer(backend, ttl=ttl)
         self.guard = Guard(token)
         self.templates = Environment(
@@ -356,7 +364,7 @@ class Dashboard:
         snapshot = await self.observer.snapshot()
         # Merging every worker process's files takes a while with many of them: in a thread,
         # so that the other pages are served meanwhile.
-        text = await asyncio.to_thread(exposition, snapshot)
+        text = await asyncio.to_thread(exposition, snapshot, self.metric_groups)
         return Response(
             text,
             media_type="text/plain; version=0.0.4; charset=utf-8",

@@ -137,8 +137,16 @@ class Snapshot:
     workers: Sequence[WorkerInfo]
 
 
-def backend_families(snapshot: Snapshot) -> list[Metric]:
-    """Gauges of one snapshot of the backend."""
+#: Groups with series of their own in /metrics by default: none. Every host a crawl meets
+#: is a group, and the busiest change all the time, so one label value for each would grow
+#: Prometheus a series for every host that was ever among them (1,689 groups in 13 scrapes
+#: of a 3,000-host crawl). `crawlq dashboard --metrics-groups N` asks for the N busiest.
+METRIC_GROUPS = 0
+
+
+def backend_families(snapshot: Snapshot, groups: int = METRIC_GROUPS) -> list[Metric]:
+    """Gauges of one snapshot of the backend: its queues, the groups it read (busiest
+    first) counted by why they wait, and series of their own for the first `groups`."""
     now = snapshot.at
     by_state = GaugeMetricFamily(
         "crawlq_queue_elements", "Elements in a queue, by state.", labels=["queue", "state"]
@@ -167,14 +175,17 @@ def backend_families(snapshot: Snapshot) -> list[Metric]:
         labels=["group"],
     )
     counts = {"blocked": 0, "full": 0, "interval": 0}
-    for g in snapshot.groups:
+    for rank, g in enumerate(snapshot.groups):
+        why = throttle_reason(g, now)
+        if why is not None:
+            counts[why] += 1
+        if rank >= groups:
+            continue
         name = g.name or "(none)"
         queued.add_metric([name], g.queued)
         running.add_metric([name], g.running)
-        why = throttle_reason(g, now)
         if why is not None:
             throttled.add_metric([name, why], 1)
-            counts[why] += 1
         if g.blocked_until is not None and g.blocked_until > now:
             blocked_for.add_metric([name], g.blocked_until - now)
     throttled_groups = GaugeMetricFamily(
@@ -223,11 +234,11 @@ class _Families(Collector):
         return self.families
 
 
-def exposition(snapshot: Snapshot) -> bytes:
-    """The `/metrics` page: the backend's gauges, plus every worker process's values when a
-    multi-process folder is set."""
+def exposition(snapshot: Snapshot, groups: int = METRIC_GROUPS) -> bytes:
+    """The `/metrics` page: the backend's gauges (`groups`: see backend_families), plus every
+    worker process's values when a multi-process folder is set."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(backend_families(snapshot)))
+    registry.register(_Families(backend_families(snapshot, groups)))
     folder = multiprocess_dir()
     if folder is not None:
         MultiProcessCollector(registry, path=folder)  # type: ignore[no-untyped-call]
