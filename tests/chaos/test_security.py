@@ -487,7 +487,11 @@ def test_no_page_shows_a_credential_and_actions_still_find_the_element(board: Bo
     assert status == 200 and "Purge?" in confirm
     pages["confirm"] = confirm
     status, _, headers = board.request("/dead/purge", data=form + b"&confirm=yes", headers=session)
-    assert status == 303 and "purged+1+dead+element" in headers["location"]
+    assert status == 303 and headers["location"] == "/dead?queue=fetch&done=purge&count=1"
+    said = board.request(headers["location"], headers=session)[1]
+    assert "purged 1 dead element of fetch" in said
+    forged = "/dead?queue=fetch&message=all+dead+letters+were+re-queued&done=purge&count=x"
+    assert 'class="message"' not in board.request(forged, headers=session)[1]  # no text from a link
     assert dead_count(board) == 1
     stale = f"queue=fetch&ref={'0' * 32}&confirm=yes&csrf={csrf.group(1)}".encode()
     assert board.request("/dead/requeue", data=stale, headers=session)[0] == 400

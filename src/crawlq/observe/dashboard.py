@@ -56,6 +56,15 @@ STATIC_PAGES = ("confirm.html", "element.html")
 SEALED_KEYS = 10_000
 
 
+def _done_message(query: Mapping[str, str], queue: str) -> str:
+    """What an action did, said on the page it leads back to: built from its kind and count,
+    never text the link carries (a link could make the page say anything)."""
+    done = {"requeue": "re-queued", "purge": "purged"}.get(query.get("done", ""))
+    count = query.get("count", "")
+    if done is None or not queue or not count.isdigit() or len(count) > 12:
+        return ""
+    return f"{done} {count} dead element{'s' if count != '1' else ''} of {queue}"
+
 def _age(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
@@ -281,7 +290,7 @@ class Dashboard:
             letters=letters,
             offset=offset,
             page_size=DEAD_PAGE,
-            message=request.query_params.get("message", ""),
+            message=_done_message(request.query_params, queue),
             page="dead",
         )
 
@@ -321,9 +330,7 @@ class Dashboard:
                 count = await self.backend.purge_dead(queue, keys)
         except CrawlqError as exc:
             return Response(html.escape(redact(str(exc))), status_code=400)
-        done = "re-queued" if action == "requeue" else "purged"
-        message = f"{done} {count} dead element{'s' if count != 1 else ''} of {queue}"
-        query = urlencode({"queue": queue, "message": message})
+        query = urlencode({"queue": queue, "done": action, "count": count})
         return RedirectResponse(f"/dead?{query}", status_code=303)
 
     async def element_page(self, request: Request) -> Response:
