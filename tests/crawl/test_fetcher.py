@@ -583,6 +583,32 @@ async def test_login_once_reuse_the_cookie_and_log_in_again_when_it_expires(
     assert all("session" not in h.cookies for h in net.hits_for("a.test"))
 
 
+async def test_a_redirect_into_a_login_domain_goes_with_that_domains_session(
+    net: SyntheticWeb,
+) -> None:
+    """a.test/go -> b.test/members/1: b.test's own session, signed in, with its cookie; and
+    none of the caller's credentials, which were for a.test."""
+    logins = members_site(net, uses_per_login=1_000)
+    net.sites["a.test"].routes["/go"] = redirect(net.url("b.test", "/members/1"))
+
+    async def sign_in(session: Session) -> None:
+        await session.post(net.url("b.test", "/login"), data={"user": "ann", "password": "secret"})
+        session.client.headers["Authorization"] = "Bearer B-TOKEN"
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        fetcher.add_login("b.test", Login(perform=sign_in))
+        response = await fetcher.fetch(net.url("a.test", "/go"), headers={"Authorization": "A"})
+    assert response.text() == "<title>secret /members/1</title>"
+    assert logins == ["token-0"]
+    (hit,) = [h for h in net.hits_for("b.test") if h.path == "/members/1"]
+    assert (hit.cookies.get("session"), hit.headers.get("Authorization")) == (
+        "token-0",
+        "Bearer B-TOKEN",
+    )
+    (first,) = [h for h in net.hits_for("a.test") if h.path == "/go"]
+    assert first.headers.get("Authorization") == "A"
+
+
 async def test_pages_that_are_forbidden_logged_in_do_not_each_cause_a_login(
     net: SyntheticWeb,
 ) -> None:

@@ -520,6 +520,10 @@ class Fetcher:
                     await check(current)
                 parsed = _parsed(current)
                 trusted = trusted and _trusted(session, first, parsed)
+                # A hop into another login domain goes with that domain's session, signed in.
+                hop_session = session if not (history and self._logins) else self.session(current)
+                if hop_session is not session and hop_session.login is not None:
+                    await _login_for(current, hop_session.ensure_login(None))
                 await self._check_address(current, parsed)
                 if use_robots:
                     slot = None
@@ -535,11 +539,22 @@ class Fetcher:
                         Reason.TIMEOUT, current, f"redirects took over the total timeout {total:g}s"
                     )
                 budget = total - spent
-                untrusted = self._untrusted.set(not trusted)
+                # The caller's credentials go where `trusted` says; a session's own (a login
+                # hook's token) to its domain, or as the caller's when it is the same session.
+                own = trusted if hop_session is session else _trusted(hop_session, first, parsed)
+                hop_headers = headers if trusted else _without_credentials(headers)
+                untrusted = self._untrusted.set(not own)
                 try:
                     with self._sending_on(slot):
                         response = await self._send(
-                            session.client, method, current, parsed, data, headers, budget, keep
+                            hop_session.client,
+                            method,
+                            current,
+                            parsed,
+                            data,
+                            hop_headers,
+                            budget,
+                            keep,
                         )
                 finally:
                     self._untrusted.reset(untrusted)
@@ -750,6 +765,13 @@ async def _login_for(url: str, login: Awaitable[None]) -> None:
         if exc.reason is not Reason.LOGIN_FAILED:
             raise
         raise FetchError(exc.reason, url, exc.detail, until=exc.until) from exc
+
+
+def _without_credentials(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    if not headers:
+        return headers
+    names = {name.lower() for name in CREDENTIAL_HEADERS}
+    return {name: value for name, value in headers.items() if name.lower() not in names}
 
 
 def _trusted(session: Session, first: URL | None, hop: URL | None) -> bool:

@@ -65,6 +65,7 @@ def _done_message(query: Mapping[str, str], queue: str) -> str:
         return ""
     return f"{done} {count} dead element{'s' if count != '1' else ''} of {queue}"
 
+
 def _age(seconds: float) -> str:
     seconds = max(0.0, seconds)
     if seconds < 90:
