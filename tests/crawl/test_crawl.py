@@ -95,7 +95,7 @@ async def test_pages_of_many_tags_are_read_for_links_in_child_processes(
     site = Site(name="a.test", pages=12, links=10, text=3_000)
     async with SyntheticWeb([site]) as net:
         await Crawl(crawl_settings(net, tmp_path / "inline")).run([net.url("a.test")])
-        monkeypatch.setattr(page_reader, "MAX_INLINE_TAGS", 20)
+        monkeypatch.setattr(page_reader, "INLINE_CHARS", 100)
         started = started_children(monkeypatch)
         await Crawl(crawl_settings(net, tmp_path / "child")).run([net.url("a.test")])
     inline, child = records_by_url(tmp_path / "inline"), records_by_url(tmp_path / "child")

@@ -233,6 +233,8 @@ async def test_a_site_cannot_set_a_cookie_for_a_public_suffix(net: SyntheticWeb)
         answer = web.Response(text="planted")
         answer.headers.add("Set-Cookie", "tld=1; Domain=test; Path=/")
         answer.headers.add("Set-Cookie", "psl=1; Domain=co.uk; Path=/")
+        answer.headers.add("Set-Cookie", "twice=1; Domain=a.test; Domain=test")  # the last counts
+        answer.headers.add("Set-Cookie", 'quoted="x; domain=a.test"; Domain=test')
         answer.headers.add("Set-Cookie", "mine=1; Domain=a.test; Path=/")
         answer.headers.add("Set-Cookie", "own=1; Path=/")
         return answer

@@ -10,7 +10,7 @@ import pytest
 
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.links import extract
-from crawlq.crawl.page_reader import MAX_INLINE_TAGS, PageReader, inline
+from crawlq.crawl.page_reader import INLINE_CHARS, PageReader, inline
 
 from .conftest import started_children
 
@@ -24,11 +24,28 @@ MANY = (
 DEEP = "<html><body>" + "<div>" * 40_000 + "<a href='/under'>u</a>"  # seconds to parse
 
 
-def test_pages_of_few_tags_are_read_inline_whatever_their_size() -> None:
-    assert inline("<p>" + "text " * 100_000)
-    assert inline("<p>" * MAX_INLINE_TAGS)
-    assert not inline("<p>" * (MAX_INLINE_TAGS + 1))
+def test_only_small_pages_are_read_inline_whatever_their_markup() -> None:
+    """lexbor is quadratic in nesting and in one tag's attributes, which need no "<"."""
+    assert inline("<p>" * (INLINE_CHARS // 3))
+    assert not inline("<p>" + "text " * 4_000)
+    assert not inline("<a " + " ".join(f"a{n}" for n in range(4_000)) + ">")
     assert not inline(MANY)
+
+
+async def test_a_tag_of_tens_of_thousands_of_attributes_is_read_in_a_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """50,000 attributes on one tag (339 KB, one "<") took lexbor 4.8 s on the event loop."""
+    started = started_children(monkeypatch)
+    reader = PageReader(timeout=0.5)
+    many = "<a href=/x " + " ".join(f"a{n:x}" for n in range(50_000)) + ">x</a>"
+    try:
+        with pytest.raises(FetchError) as caught:
+            await reader.links(many, URL)
+    finally:
+        await reader.aclose()
+    assert caught.value.reason is Reason.TIMEOUT
+    assert [process.returncode for process in started] == [-signal.SIGKILL]
 
 
 async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
@@ -41,6 +58,7 @@ async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
             assert await reader.links(MANY, base) == extract(MANY, base)
         small = "<title>s</title><a href='x'>x</a>"
         assert await reader.links(small, URL) == extract(small, URL)
+        assert started[0].pid == os.getsid(started[0].pid)  # a Ctrl-C's SIGINT misses it
     finally:
         await reader.aclose()
     assert len(started) == 1  # one child read them all, one after another

@@ -18,7 +18,6 @@ import contextlib
 import errno
 import functools
 import itertools
-import re
 import resource
 import socket
 import ssl
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp._cookie_helpers import parse_set_cookie_headers
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import AddrInfoType, Connection
 from aiohttp.typedefs import LooseCookies
@@ -145,15 +145,18 @@ class CookieJar(aiohttp.CookieJar):
 
     def update_cookies_from_headers(self, headers: Sequence[str], response_url: URL) -> None:
         host = response_url.raw_host or ""
-        kept = []
-        for header in headers:
-            domain = _COOKIE_DOMAIN.search(header)
-            if domain is None or not _for_others(domain.group(1), host):
-                kept.append(header)
+        # Read as aiohttp reads them (the last Domain counts, quotes hide one): by the text,
+        # `a=1; Domain=a.co.uk; Domain=co.uk` would pass.
+        kept = [
+            header
+            for header in headers
+            if "omain" not in header.lower()
+            or not any(
+                _for_others(morsel["domain"], host)
+                for _, morsel in parse_set_cookie_headers([header])
+            )
+        ]
         super().update_cookies_from_headers(kept, response_url)
-
-
-_COOKIE_DOMAIN = re.compile(r";\s*domain\s*=\s*([^;]*)", re.IGNORECASE)
 
 
 def _for_others(domain: str, host: str) -> bool:
