@@ -175,7 +175,8 @@ def test_redaction_of_urls_texts_and_headers() -> None:
         ("redis://:p{PW@127.0.0.1:6379/0", "redis://***@127.0.0.1:6379/0"),
         ("redis://default:a|b^c`d\\PW@h:6379", "redis://***@h:6379"),
         ("https://a.test/x?client_secret=PW&x=1", "https://a.test/x?client_secret=***&x=1"),
-        ("https://a.test/?api-key=PW;sig=PW&sessionid=PW&key=PW", None),
+        ("https://a.test/?api-key=PW&sig=PW&sessionid=PW&key=PW", None),
+        ("https://a.test/?password=P,W;x&y=1", "https://a.test/?password=***&y=1"),  # query value
         (
             "https://a.test/?page=2&author=x&auth_code=PW",
             "https://a.test/?page=2&author=x&auth_code=***",
@@ -186,6 +187,9 @@ def test_redaction_of_urls_texts_and_headers() -> None:
         ("X-Api-Key: PW", "X-Api-Key: ***"),
         ('{"password": "PW", "user": "ann"}', '{"password": "***", "user": "ann"}'),
         ("BasicAuth(login='u', password='PW')", "BasicAuth(login='u', password='***')"),
+        ('{"password": "P\\"W", "u": 1}', '{"password": "***", "u": 1}'),
+        ("password=PW at the start", "password=*** at the start"),
+        ("Cookie: sid=P'W\nnext", "Cookie: ***\nnext"),
     ],
 )
 def test_secrets_by_name_and_in_headers_are_masked(text: str, masked: str | None) -> None:

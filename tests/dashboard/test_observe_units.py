@@ -123,15 +123,19 @@ def test_text_logs_escape_what_would_forge_a_line_or_drive_a_terminal() -> None:
     with task_scope(task_fields(queue="q", key="k\x1b[2J", attempt=1, group="g", worker="w")):
         log.warning("page %s failed: %s", forged, "\x1b]8;;http://evil.test\x07click\x1b]8;;\x07")
         try:
-            raise ValueError("bad\x1b[31m")
+            raise ValueError("bad\x1b[31m\n2026-11-24 04:00:00,000 INFO crawlq.x: forged\u2028x")
         except ValueError:
             log.exception("and then")
-    lines = stream.getvalue().splitlines()
-    assert len(lines) == 6  # the warning; the error and its traceback (4 lines)
+    lines = stream.getvalue().split("\n")[:-1]
+    assert len(lines) == 7  # the warning; the error and its traceback (5 lines)
     assert lines[0].endswith("[queue=q key=k\\x1b[2J attempt=1 group=g worker=w]")
     assert "\\n2026-11-24 04:00:00,000 INFO" in lines[0]
-    assert lines[-1] == "ValueError: bad\\x1b[31m"
-    assert not any(c in stream.getvalue() for c in "\x1b\x07")
+    assert lines[-2:] == [
+        "  ValueError: bad\\x1b[31m",
+        "  2026-11-24 04:00:00,000 INFO crawlq.x: forged\\u2028x",
+    ]
+    assert all(line.startswith("  ") for line in lines[2:])  # none reads as a line of its own
+    assert not any(c in stream.getvalue() for c in "\x1b\x07\u2028")
 
 
 @pytest.mark.parametrize("named", [0, 3])

@@ -46,8 +46,14 @@ _AUTHORITY = re.compile(r"[^/?#\s\"'<>]*")
 #: told secret or not by `_secret_name` (one pattern of the words would backtrack on long
 #: names).
 _NAMED_VALUE = re.compile(
-    r"(?P<head>[?&;,(\s](?P<name>[\w.-]+)=)(?P<value>'[^']*'|\"[^\"]*\"|[^&#\s\"'<>,;)]+)"
-    r"|(?P<jhead>(?P<q>[\"'])(?P<jname>[\w.-]+)(?P=q)\s*:\s*)(?P<jvalue>\"[^\"]*\"|'[^']*')"
+    # ?name=value&...: the value runs to & # or whitespace, as a query's does
+    r"(?P<qhead>[?&;](?P<qname>[\w.-]+)=)(?P<qvalue>[^&#\s\"'<>]+)"
+    # name=value, name='value': the value quoted (escapes kept in), or up to , ; ) too
+    r"|(?P<khead>(?:^|[,(\s:])(?P<kname>[\w.-]+)=)"
+    r"(?P<kvalue>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^&#\s\"'<>,;)]+)"
+    # "name": "value"
+    r"|(?P<jhead>(?P<q>[\"'])(?P<jname>[\w.-]+)(?P=q)\s*:\s*)"
+    r"(?P<jvalue>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')"
 )
 _SECRET_WORDS = (
     "password", "passwd", "secret", "token", "apikey", "api_key", "api-key", "credential",
@@ -55,10 +61,11 @@ _SECRET_WORDS = (
 )  # fmt: skip
 _SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid", "auth"})
 _SECRET_STARTS = ("auth_", "auth-", "authorization")  # not author=...
-#: Cookies and API keys in headers written out, to the end of the line or quote.
+#: Cookies and API keys in headers written out, to the end of the line (or of the quotes).
 _SECRET_HEADER = re.compile(
-    r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)[\"']?\s*:\s*[\"']?)"
-    r"[^\r\n\"']+",
+    r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)"
+    r"(?P<q>[\"'])?\s*:\s*(?(q)[\"']?))"
+    r"(?(q)[^\r\n\"']+|[^\r\n]+)",  # a quoted one (a dict's) to its quote
     re.IGNORECASE,
 )
 #: Authorization headers written out: Authorization: Bearer abc, Proxy-Authorization: Basic ...
@@ -85,15 +92,12 @@ def redact(text: str) -> str:
 
 
 def _masked_value(match: re.Match[str]) -> str:
-    name, head = match.group("name"), match.group("head")
-    if name is None:
-        name, head = match.group("jname"), match.group("jhead")
-        quote = match.group("jvalue")[0]
-    else:
-        quote = match.group("value")[0] if match.group("value")[0] in "'\"" else ""
-    if not _secret_name(name):
+    kind = "q" if match.group("qname") else "k" if match.group("kname") else "j"
+    if not _secret_name(match.group(f"{kind}name")):
         return match.group(0)
-    return f"{head}{quote}{MASK}{quote}"
+    value = match.group(f"{kind}value")
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{match.group(f'{kind}head')}{quote}{MASK}{quote}"
 
 
 def _secret_name(name: str) -> bool:
@@ -195,16 +199,19 @@ class TaskFieldsFilter(logging.Filter):
 
 
 #: C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (ESC starts
-#: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals).
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals);
+#: and the line and paragraph separators (str.splitlines splits there) and the bidirectional
+#: overrides, which make a line read as other text.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 #: The same and newline: for cells and fields shown on one line.
-_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r"}
 
 
 def _visible(match: re.Match[str]) -> str:
     char = match.group()
-    return _NAMED.get(char) or f"\\x{ord(char):02x}"
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def printable(text: str, *, one_line: bool = False) -> str:
@@ -228,7 +235,9 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = printable(redact(super().format(record)))
+        # A traceback's lines are indented: an exception's message, which may come from a
+        # site, cannot start a line that reads as a log line of its own.
+        line = printable(redact(super().format(record))).replace("\n", "\n  ")
         named = [
             f"{n}={printable(str(getattr(record, n)), one_line=True)}"
             for n in TASK_FIELDS
