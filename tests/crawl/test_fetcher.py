@@ -614,9 +614,10 @@ async def test_a_redirect_into_a_login_domain_goes_with_that_domains_session(
 async def test_pages_that_are_forbidden_logged_in_do_not_each_cause_a_login(
     net: SyntheticWeb,
 ) -> None:
-    """A 403 reads as a session that expired; when a new login does not help, the next
-    FUTILE_LOGIN_QUIET seconds' 403s are taken as they are."""
-    logins = members_site(net, uses_per_login=1_000)
+    """A 403 reads as a session that expired; when a new login does not help, that page's
+    403s are taken as they are for FUTILE_LOGIN_QUIET seconds, and other pages still log
+    in again when the session does expire."""
+    logins = members_site(net, uses_per_login=2)
     net.sites["b.test"].routes["/admin"] = respond(403, "forbidden")
 
     async def sign_in(session: Session) -> None:
@@ -625,10 +626,11 @@ async def test_pages_that_are_forbidden_logged_in_do_not_each_cause_a_login(
     async with Fetcher(fetch_settings(net)) as fetcher:
         fetcher.add_login("b.test", Login(perform=sign_in))
         answers = [await fetcher.fetch(net.url("b.test", "/admin")) for _ in range(10)]
-        member = await fetcher.fetch(net.url("b.test", "/members/1"))
+        assert logins == ["token-0", "token-1"]  # the first, and the one that did not help
+        members = [await fetcher.fetch(net.url("b.test", f"/members/{n}")) for n in range(3)]
     assert [r.status for r in answers] == [403] * 10
-    assert logins == ["token-0", "token-1"]  # the first, and the one that did not help
-    assert member.text() == "<title>secret /members/1</title>"
+    assert [r.text() for r in members] == [f"<title>secret /members/{n}</title>" for n in range(3)]
+    assert logins == ["token-0", "token-1", "token-2"]  # the session expired after 2 pages
 
 
 async def test_a_refused_login_is_not_tried_again_by_every_page_until_its_pause_ends(

@@ -80,8 +80,10 @@ MAX_HEADERS = 128
 #: How many hosts a proxied fetcher remembers the guard's verdict on (for `dns_ttl`).
 MAX_GUARD_CACHE = 10_000
 #: A new login that did not help (the page came back logged out again: a page that is
-#: forbidden, not a session that expired) is not tried again for this long.
+#: forbidden, not a session that expired) is not tried again for that page for this long;
+#: other pages still log in again when they find the session expired.
 FUTILE_LOGIN_QUIET = 60.0
+MAX_FUTILE_URLS = 10_000
 #: An idle connection is kept this long for the host's next request (aiohttp: 15 s). A broad
 #: crawl touches hundreds of hosts a second, mostly once: idle connections, which `connections`
 #: does not count, then held thousands of descriptors.
@@ -182,7 +184,8 @@ class Session:
         self._failed: FetchError | None = None  # the last login's, while no login worked
         self._failures = 0
         self._retry_at = 0.0  # epoch seconds: no login is tried before then
-        self.quiet_until = 0.0  # monotonic: a logged-out answer is taken as it is till then
+        # URL -> until when (monotonic) its logged-out answers are taken as they are
+        self.futile: dict[str, float] = {}
 
     async def get(self, url: str, **options: Any) -> Response:
         return await self.fetcher.request(self, "GET", url, **options)
@@ -480,12 +483,14 @@ class Fetcher:
         if (
             login is not None
             and login.expired(response)
-            and time.monotonic() >= session.quiet_until
+            and time.monotonic() >= session.futile.get(url, 0.0)
         ):
             await _login_for(url, session.ensure_login(generation))
             response = await send()
-            if login.expired(response):  # forbidden, not logged out: no login per page
-                session.quiet_until = time.monotonic() + FUTILE_LOGIN_QUIET
+            if login.expired(response):  # forbidden, not logged out: no login per fetch
+                if len(session.futile) >= MAX_FUTILE_URLS:
+                    session.futile.clear()
+                session.futile[url] = time.monotonic() + FUTILE_LOGIN_QUIET
         return response
 
     async def request(
@@ -723,8 +728,6 @@ class Fetcher:
         except aiohttp.ClientProxyConnectionError as exc:
             raise _ProxyUnreachable(_one_line(str(exc))) from exc
         except TimeoutError as exc:
-            if proxy is not None and isinstance(exc, aiohttp.ConnectionTimeoutError):
-                raise _ProxyUnreachable(f"no connection within the timeout: {exc}") from exc
             total = timeouts.total
             what = str(exc) or f"no complete answer within the total timeout of {total:g}s"
             if budget < total:
