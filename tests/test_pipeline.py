@@ -14,7 +14,7 @@ import crawlq
 from crawlq.errors import ConfigError
 from crawlq.pipeline import Pipeline, Record, StoredResponse
 from crawlq.results import ResultsStore, export
-from crawlq.types import JSON, Claimed, Failure, GroupBy, Schedule
+from crawlq.types import JSON, Claimed, Failure, GroupBy, Schedule, WorkerInfo
 
 
 @pytest.fixture
@@ -176,3 +176,67 @@ async def test_follow_up_work_is_written_with_the_ack_and_only_on_success(
         assert followed_with_ack == [True] * 10
     finally:
         await app.aclose()
+
+
+def _three_stages(tmp_path: Path) -> tuple[Pipeline, list[str]]:
+    """download -> parse -> total, parse's records already stored for three inputs; total
+    refuses the input named bad for good; the finish step notes that it ran."""
+    app = crawlq.App(f"sqlite:///{tmp_path / 'q.db'}")
+    pipeline = Pipeline(app, data=tmp_path / "data")
+    finished: list[str] = []
+
+    @pipeline.fetch()
+    async def download(ctx: crawlq.Context, url: str) -> None:
+        return None
+
+    @pipeline.stage()
+    def parse(ctx: crawlq.SyncContext, stored: StoredResponse) -> list[Record]:
+        return []
+
+    @pipeline.stage(retry=crawlq.Retry(max_attempts=2, base=0.01, cap=0.01, jitter=0))
+    def total(ctx: crawlq.SyncContext, stored: list[Record]) -> list[Record]:
+        if any(r.key == "bad" for r in stored):
+            raise crawlq.Permanent("no total for bad")
+        units = sum(int(str(r.data["units"])) for r in stored)
+        return [Record(type="total", key=stored[0].key, data={"units": units})]
+
+    @pipeline.finish
+    def publish(results: ResultsStore) -> None:
+        finished.append("report")
+
+    for ref in ("a", "b", "bad"):
+        pipeline.results.replace("parse", ref, [sale(ref, units=2)])
+    return pipeline, finished
+
+
+async def test_a_reprocess_whose_inputs_died_publishes_nothing(tmp_path: Path) -> None:
+    pipeline, finished = _three_stages(tmp_path)
+    try:
+        result = await pipeline.reprocess("total")
+    finally:
+        await pipeline.app.aclose()
+        pipeline.results.close()
+    assert result.worker is not None and (result.worker.done, result.worker.dead) == (2, 1)
+    assert not result.finished and finished == []
+
+
+async def test_a_reprocess_refuses_queues_that_running_workers_serve(tmp_path: Path) -> None:
+    """They would run part of it with the code they loaded: old code beside the new."""
+    pipeline, finished = _three_stages(tmp_path)
+    try:
+        backend = await pipeline.app.backend()
+        now = backend.now()
+        other = WorkerInfo(
+            id="w1", host="h", pid=4242, queues=("total",), started=now, heartbeat=now
+        )
+        await backend.register_worker(other)
+        with pytest.raises(ConfigError, match=r"1 worker\(s\) serve queue\(s\) total \(pid 4242"):
+            await pipeline.reprocess("total")
+        (stats,) = await backend.queue_stats(["total"])
+        assert stats.total == 0  # nothing was scheduled
+        left = await pipeline.reprocess("total", run=False)  # for the running workers
+        assert left.scheduled == 3 and left.worker is None
+    finally:
+        await pipeline.app.aclose()
+        pipeline.results.close()
+    assert finished == []

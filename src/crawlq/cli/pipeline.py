@@ -31,20 +31,27 @@ def _pipeline(app_spec: str) -> Pipeline:
     help="Only schedule: leave the work to running workers (crawlq worker --queue STAGE).",
 )
 @click.option("-c", "--concurrency", default=100, show_default=True, help="Tasks run at once.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Run even though workers already serve these queues (they take part of the work,"
+    " with the code they loaded).",
+)
 def reprocess(
-    app_spec: str, stage: str, where: tuple[str, ...], no_run: bool, concurrency: int
+    app_spec: str, stage: str, where: tuple[str, ...], no_run: bool, concurrency: int, force: bool
 ) -> None:
     """Re-run STAGE of MODULE:APP's pipeline, and the stages after it, over stored inputs.
 
     Nothing is fetched: the stage reads the raw responses (WARC) or the records the stage
     before it stored. Outputs replace the previous ones (running it twice gives the same
-    rows). Then the pipeline's finish step (its report) runs."""
+    rows). Then the pipeline's finish step (its report) runs, unless an input failed for
+    good: the command then exits with status 1."""
     pipeline = _pipeline(app_spec)
 
     async def main() -> ReprocessResult:
         try:
             return await pipeline.reprocess(
-                stage, where=where, run=not no_run, concurrency=concurrency
+                stage, where=where, run=not no_run, concurrency=concurrency, force=force
             )
         finally:
             await pipeline.app.aclose()
@@ -58,6 +65,11 @@ def reprocess(
             f" {result.worker.failed} failed ({result.worker.dead} dead)"
         )
     click.echo(line)
+    if result.worker is not None and not result.finished:
+        raise click.ClickException(
+            f"{result.worker.dead} input(s) failed for good (crawlq dead list): the finish"
+            " step did not run"
+        )
 
 
 @click.command()

@@ -15,6 +15,7 @@ same rows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import functools
 import weakref
@@ -58,6 +59,7 @@ class ReprocessResult:
     scheduled: int
     stages: tuple[str, ...]
     worker: WorkerStats | None
+    finished: bool = False  # the finish step ran (not when inputs died)
 
 
 class Pipeline:
@@ -275,24 +277,46 @@ class Pipeline:
         where: Sequence[str] = (),
         run: bool = True,
         concurrency: int = 100,
-        backend: Backend | None = None,
+        force: bool = False,
     ) -> ReprocessResult:
         """Schedules `stage` over its stored inputs; with `run`, works its queue and the
-        later stages' until they are empty (nothing else runs, so nothing is fetched) and
-        then runs the finish step."""
+        later stages' until each input is done or dead (retries waited for; nothing else
+        runs, so nothing is fetched), then runs the finish step unless an input died.
+
+        With `run`, workers already serving those queues are refused (ConfigError) unless
+        `force`: they would take part of the work with the code they loaded, old code
+        beside the new."""
+        names = tuple(s.name for s in self.after(stage))
+        backend = await self.app.backend()
+        if run and not force:
+            await _refuse_busy_queues(backend, names)
         refs = self.inputs(stage, where)
         task = self.stage_named(stage).task
         for start in range(0, len(refs), SCHEDULE_CHUNK):
             chunk = refs[start : start + SCHEDULE_CHUNK]
             await self.app.aschedule_many(task, chunk, revisit=True, backend=backend)
-        names = tuple(s.name for s in self.after(stage))
-        stats = None
-        if run:
-            stats = await Worker(
-                self.app, queues=list(names), burst=True, burst_horizon=5, concurrency=concurrency
-            ).run()
+        result = ReprocessResult(stage=stage, scheduled=len(refs), stages=names, worker=None)
+        if not run:
+            return result
+        # Until every input is done or dead: a retry may be up to its cap away.
+        horizon = max(5.0, *(s.task.options.retry.cap for s in self.after(stage)))
+        stats = await Worker(
+            self.app, queues=list(names), burst=True, burst_horizon=horizon, concurrency=concurrency
+        ).run()
+        if stats.dead == 0:
             self.run_finish()
-        return ReprocessResult(stage=stage, scheduled=len(refs), stages=names, worker=stats)
+        return dataclasses.replace(result, worker=stats, finished=stats.dead == 0)
 
     def run_finish(self) -> Any:
         return None if self._finish is None else self._finish(self.results)
+
+
+async def _refuse_busy_queues(backend: Backend, queues: Sequence[str]) -> None:
+    busy = [w for w in await backend.workers() if set(w.queues) & set(queues)]
+    if busy:
+        shown = ", ".join(f"pid {w.pid} on {w.host}" for w in busy[:5])
+        raise ConfigError(
+            f"{len(busy)} worker(s) serve queue(s) {', '.join(queues)} ({shown}): they would run"
+            " part of the reprocess with the code they loaded. Stop them first, leave the work"
+            " to them (--no-run), or run beside them anyway (--force)."
+        )
