@@ -14,6 +14,7 @@ import crawlq
 from crawlq.errors import ConfigError
 from crawlq.pipeline import Pipeline, Record, StoredResponse
 from crawlq.results import ResultsStore, export
+from crawlq.results.store import KeyConflict
 from crawlq.types import JSON, Claimed, Failure, GroupBy, Schedule, WorkerInfo
 
 
@@ -27,16 +28,19 @@ def sale(key: str, **data: JSON) -> Record:
     return Record(type="sale", key=key, data=dict(data))
 
 
-def test_records_are_upserted_by_key_one_table_per_type(store: ResultsStore) -> None:
+def test_records_are_stored_by_key_one_table_per_type(store: ResultsStore) -> None:
     store.replace("parse", "a.html", [sale("1", units=3), Record(type="note", key="n", data={})])
     store.replace("parse", "b.html", [sale("2", units=5, region="eu")])
-    store.replace("other", "c.html", [sale("1", units=7)])  # same key: replaces the row
+    with pytest.raises(KeyConflict):  # same key from another stage: refused, not taken over
+        store.replace("other", "c.html", [sale("1", units=7)])
+    store.replace("other", "c.html", [sale("3", units=7)])
     assert list(store.rows("sale")) == [
-        {"key": "1", "units": 7, "region": None},
+        {"key": "1", "units": 3, "region": None},
         {"key": "2", "units": 5, "region": "eu"},
+        {"key": "3", "units": 7, "region": None},
     ]
     assert store.types() == ["note", "sale"]
-    assert store.count("sale") == 2
+    assert store.count("sale") == 3
     assert store.done() == {"parse": 2, "other": 1}
 
 

@@ -1,11 +1,12 @@
-"""The results store: records in SQLite, one table per record type, upserted by key.
+"""The results store: records in SQLite, one table per record type, identified by key.
 
 Each table has the record's `key` (primary key), the stage and the input reference that
 produced it (`_stage`, `_ref`), when it was written (`_updated`), and one column per field,
 added the first time a field appears. A stage's output for one reference is *replaced* in
 one transaction: the rows it wrote for that reference last time are deleted, the new ones
-upserted, and the `_outputs` row (stage, ref) written. So running a stage twice over the
-same input leaves exactly the same rows.
+inserted, and the `_outputs` row (stage, ref) written. So running a stage twice over the
+same input leaves exactly the same rows. A key belongs to the (stage, ref) that wrote it:
+another one writing the same key fails (KeyConflict) rather than take it over.
 
 Tables of the store itself:
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, Permanent
 from ..types import JSON
 from ..writelock import WriteLock, immediate, open_shared
 
@@ -50,6 +51,16 @@ CREATE TABLE IF NOT EXISTS _types (
 """
 
 Scalar = str | int | float | bool | None
+
+
+class InvalidRecord(ConfigError, Permanent):
+    """A record that cannot be stored as given (a bad name or value, a key given twice in
+    one output): a ConfigError, and Permanent, so a stage raising it is not retried."""
+
+
+class KeyConflict(Permanent):
+    """A record whose key another (stage, input) already wrote: keys identify records per
+    type across the whole store, so the second writer fails instead of taking it over."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,7 +132,18 @@ class ResultsStore:
     # -- writing --------------------------------------------------------------------------
 
     def replace(self, stage: str, ref: str, records: Sequence[Record]) -> None:
-        """Makes `records` the whole output of `stage` for input `ref`, atomically."""
+        """Makes `records` the whole output of `stage` for input `ref`, atomically.
+
+        Raises InvalidRecord if two of `records` share a type and key, and KeyConflict (and
+        writes nothing) if a key is already held by a record another stage or input wrote."""
+        seen: set[tuple[str, str]] = set()
+        for record in records:
+            if (record.type, record.key) in seen:
+                raise InvalidRecord(
+                    f"stage {stage!r}, input {ref!r}: two {record.type!r} records with key"
+                    f" {record.key!r} in one output"
+                )
+            seen.add((record.type, record.key))
         with self._lock:
             db = self._db()
             with self._write_lock.held():
@@ -159,7 +181,15 @@ class ResultsStore:
             for record in records:
                 values: list[Scalar] = [record.key, stage, ref, now]
                 values += [_column_value(v) for v in record.data.values()]
-                db.execute(self._upsert(record), values)
+                if db.execute(self._insert(record), values).rowcount == 0:
+                    owner = db.execute(
+                        f'SELECT _stage, _ref FROM "{record.type}" WHERE key = ?', (record.key,)
+                    ).fetchone()
+                    raise KeyConflict(
+                        f"{record.type!r} record {record.key!r} from stage {stage!r}, input"
+                        f" {ref!r}: that key is already written by stage {owner[0]!r}, input"
+                        f" {owner[1]!r} (keys must be unique per record type)"
+                    )
             db.execute(
                 "INSERT INTO _outputs (stage, ref, records, updated) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (stage, ref) DO UPDATE SET records = excluded.records,"
@@ -167,21 +197,19 @@ class ResultsStore:
                 (stage, ref, len(records), now),
             )
 
-    def _upsert(self, record: Record) -> str:
-        """The statement writing `record`: its fields set, every other column of its type
-        cleared (a record replaces the one with its key whole)."""
-        columns = self._columns[record.type]
-        shape = (record.type, len(columns), *record.data)
+    def _insert(self, record: Record) -> str:
+        """The statement writing `record`, which writes nothing (rowcount 0) if its key is
+        taken: `_replace` has deleted what this (stage, ref) wrote before, so a row still
+        holding the key belongs to another stage or input."""
+        shape = (record.type, *record.data)
         sql = self._statements.get(shape)
         if sql is None:
             names = ["key", "_stage", "_ref", "_updated", *record.data]
-            updates = ", ".join(f'"{n}" = excluded."{n}"' for n in names[1:])
-            updates += "".join(f', "{c}" = NULL' for c in columns if c not in names)
             columns_sql = ", ".join(f'"{n}"' for n in names)
             marks = ", ".join("?" * len(names))
             sql = (
                 f'INSERT INTO "{record.type}" ({columns_sql}) VALUES ({marks})'
-                f" ON CONFLICT (key) DO UPDATE SET {updates}"
+                " ON CONFLICT (key) DO NOTHING"
             )
             self._statements[shape] = sql
         return sql
