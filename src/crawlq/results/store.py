@@ -17,6 +17,7 @@ Tables of the store itself:
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import threading
@@ -73,21 +74,53 @@ class Record:
     data: dict[str, JSON] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_name(self.type, "record type")
-        for name in self.data:
-            check_name(name, f"field of {self.type!r}")
+        check_name(self.type, "record type", InvalidRecord)
+        if not isinstance(self.key, str):
+            raise InvalidRecord(
+                f"record {self.type!r}: key must be a string, got {type(self.key).__name__}"
+                f" {self.key!r}"
+            )
+        for name, value in self.data.items():
+            check_name(name, f"field of {self.type!r}", InvalidRecord)
             if name in _RESERVED:
-                raise ConfigError(f"record {self.type!r}: field name {name!r} is reserved")
+                raise InvalidRecord(f"record {self.type!r}: field name {name!r} is reserved")
+            problem = _value_problem(value)
+            if problem:
+                raise InvalidRecord(
+                    f"record {self.type!r} key {self.key!r}: field {name!r}: {problem}"
+                )
 
 
-def check_name(name: str, what: str) -> str:
-    if not _NAME.match(name) or name.startswith("_"):
-        raise ConfigError(f"{what} {name!r}: use letters, digits and _ (not first), at most 63")
+def check_name(name: str, what: str, error: type[ConfigError] = ConfigError) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or name.startswith("_"):
+        raise error(f"{what} {name!r}: use letters, digits and _ (not first), at most 63")
     return name
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
+def _value_problem(value: object) -> str | None:
+    """Why `value` cannot be a field's value (None if it can): JSON only (str, int, float,
+    bool, None, and lists and dicts of them), no NaN or infinity, top-level ints in int64
+    (SQLite's INTEGER; nested ones are kept in the field's JSON text)."""
+    if value is None or isinstance(value, str | bool):
+        return None
+    if isinstance(value, int):
+        return None if value in _INT64 else f"{value} does not fit a 64-bit integer"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value} is not a JSON number"
+    if isinstance(value, dict | list | tuple):
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return f"not JSON: {exc}"
+        return None
+    return f"{type(value).__name__} {value!r} is not a JSON value"
+
+
 def _column_value(value: JSON) -> Scalar:
-    if isinstance(value, dict | list):
+    if isinstance(value, dict | list | tuple):
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     return value
 
