@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
@@ -96,3 +97,83 @@ def test_good_values_round_trip(tmp_path: Path) -> None:
     assert json.loads(row["nested"]) == {"big": 2**70}
     assert json.loads(row["tup"]) == [1, 2]
     store.close()
+
+
+@pytest.mark.parametrize("name", ["line\n", "sqlite_stat1", "SQLITE_x"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidRecord):
+        Record(type=name, key="k")
+    with pytest.raises(InvalidRecord):
+        Record(type="line", key="k", data={name: 1})
+
+
+def test_key_in_another_case_is_a_reserved_field() -> None:
+    with pytest.raises(InvalidRecord, match="reserved"):
+        Record(type="line", key="k", data={"Key": 1})
+
+
+def test_a_type_named_like_another_types_index(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "r.sqlite")
+    store.replace("parse", "u", [Record(type="a", key="1")])
+    store.replace("parse", "v", [Record(type="a_by_ref", key="1", data={"n": 2})])
+    assert list(store.rows("a_by_ref")) == [{"key": "1", "n": 2}]
+    store.close()
+
+
+def test_a_store_with_old_index_names_is_migrated_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    store = ResultsStore(path)
+    store.replace("parse", "u", [line("1", n=1)])
+    store.close()
+    with sqlite3.connect(path) as db:  # as crawlq before this named it
+        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'line'"):
+            if name.startswith("_line_"):
+                db.execute(f'DROP INDEX "{name}"')
+        db.execute('CREATE INDEX "line_by_ref" ON "line" (_stage, _ref)')
+    db.close()
+    store = ResultsStore(path)
+    assert store.count("line") == 1  # only opened, nothing written
+    store.close()
+    with sqlite3.connect(path) as db:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    db.close()
+    assert "line_by_ref" not in names and "_line_by_ref" in names
+    store = ResultsStore(path)
+    store.replace("parse", "v", [Record(type="line_by_ref", key="1")])
+    assert store.records("parse", "u") == [line("1", n=1)]
+    store.close()
+
+
+def test_types_differing_only_by_case_are_refused(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "r.sqlite")
+    store.replace("parse", "u", [line("1", n=1)])
+    with pytest.raises(InvalidRecord, match=r"'Line'.*'line'"):
+        store.replace("parse", "v", [Record(type="Line", key="2", data={"n": 2})])
+    with pytest.raises(InvalidRecord, match=r"'Item'.*'item'"):
+        store.replace("parse", "w", [Record(type="Item", key="1"), Record(type="item", key="2")])
+    assert store.types() == ["line"]
+    assert list(store.rows("line")) == [{"key": "1", "n": 1}]
+    store.replace("parse", "w", [Record(type="item", key="2")])  # nothing left behind
+    assert store.types() == ["item", "line"]
+    store.close()
+
+
+def test_fields_differing_only_by_case_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRecord, match="'Price' and 'price'"):
+        line("1", Price=1, price=2)
+    store = ResultsStore(tmp_path / "r.sqlite")
+    store.replace("parse", "u", [line("1", Price=4)])
+    with pytest.raises(InvalidRecord, match=r"field 'price'.*'Price'"):
+        store.replace("parse", "v", [line("2", price=2)])
+    assert list(store.rows("line")) == [{"key": "1", "Price": 4}]
+    with pytest.raises(InvalidRecord, match="fields 'Size' and 'size'"):
+        store.replace("parse", "v", [line("2", Size=1), line("3", size=2)])
+    store.replace("parse", "v", [line("2", size=1)])  # nothing left behind
+    # another store object (another process) that has not seen Price yet
+    other = ResultsStore(tmp_path / "r.sqlite")
+    other.replace("parse", "w", [line("3", n=1)])
+    store.replace("parse", "x", [line("4", Price=5, extra=1)])
+    with pytest.raises(InvalidRecord, match="field 'EXTRA'"):
+        other.replace("parse", "y", [line("5", EXTRA=2)])
+    store.close()
+    other.close()

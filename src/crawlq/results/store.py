@@ -31,7 +31,7 @@ from ..errors import ConfigError, Permanent
 from ..types import JSON
 from ..writelock import WriteLock, immediate, open_shared
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
 #: Records `rows` reads at a time.
 ROWS_PAGE = 1_000
@@ -80,10 +80,17 @@ class Record:
                 f"record {self.type!r}: key must be a string, got {type(self.key).__name__}"
                 f" {self.key!r}"
             )
+        folded: dict[str, str] = {}
         for name, value in self.data.items():
             check_name(name, f"field of {self.type!r}", InvalidRecord)
-            if name in _RESERVED:
+            if name.lower() in _RESERVED:
                 raise InvalidRecord(f"record {self.type!r}: field name {name!r} is reserved")
+            other = folded.setdefault(name.lower(), name)
+            if other != name:
+                raise InvalidRecord(
+                    f"record {self.type!r} key {self.key!r}: fields {other!r} and {name!r}"
+                    " differ only by case (SQLite column names ignore case)"
+                )
             problem = _value_problem(value)
             if problem:
                 raise InvalidRecord(
@@ -92,9 +99,23 @@ class Record:
 
 
 def check_name(name: str, what: str, error: type[ConfigError] = ConfigError) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or name.startswith("_"):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("_"):
         raise error(f"{what} {name!r}: use letters, digits and _ (not first), at most 63")
+    if name.lower().startswith("sqlite_"):
+        raise error(f"{what} {name!r}: names starting with sqlite_ are SQLite's own")
     return name
+
+
+def _indexes(type_: str) -> dict[str, str]:
+    """The indexes of `type_`'s table, name -> columns. Their names start with _, which no
+    record type takes, so they cannot collide with a type's table (stores before this named
+    one `{type}_by_ref`, and type `{type}_by_ref` could not then be created)."""
+    return {f"_{type_}_by_ref": "_stage, _ref"}
+
+
+def _old_indexes(type_: str) -> list[str]:
+    """Indexes older stores have on `type_`'s table that `_indexes` replaced."""
+    return [f"{type_}_by_ref"]
 
 
 _INT64 = range(-(2**63), 2**63)
@@ -142,7 +163,13 @@ class ResultsStore:
 
     def _db(self) -> sqlite3.Connection:
         if self._connection is None:
-            self._connection = open_shared(self.path, _SCHEMA, timeout=60)
+            connection = open_shared(self.path, _SCHEMA, timeout=60)
+            try:
+                self._migrate(connection)
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
         return self._connection
 
     def close(self) -> None:
@@ -170,7 +197,21 @@ class ResultsStore:
         Raises InvalidRecord if two of `records` share a type and key, and KeyConflict (and
         writes nothing) if a key is already held by a record another stage or input wrote."""
         seen: set[tuple[str, str]] = set()
+        cases: dict[tuple[str, ...], str] = {}
         for record in records:
+            other = cases.setdefault((record.type.lower(),), record.type)
+            if other != record.type:
+                raise InvalidRecord(
+                    f"stage {stage!r}, input {ref!r}: record types {other!r} and"
+                    f" {record.type!r} differ only by case (SQLite ignores case)"
+                )
+            for name in record.data:
+                other = cases.setdefault((record.type, name.lower()), name)
+                if other != name:
+                    raise InvalidRecord(
+                        f"stage {stage!r}, input {ref!r}: {record.type!r} fields {other!r} and"
+                        f" {name!r} differ only by case (SQLite ignores case)"
+                    )
             if (record.type, record.key) in seen:
                 raise InvalidRecord(
                     f"stage {stage!r}, input {ref!r}: two {record.type!r} records with key"
@@ -250,22 +291,81 @@ class ResultsStore:
     def _ensure_table(self, db: sqlite3.Connection, record: Record) -> None:
         columns = self._columns.get(record.type)
         if columns is None:
+            same = db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                (record.type,),
+            ).fetchone()
+            if same is not None and same[0] != record.type:
+                raise InvalidRecord(
+                    f"record type {record.type!r}: the store has type {same[0]!r}, and types"
+                    " differing only by case would share one table (SQLite ignores case)"
+                )
             db.execute(
                 f'CREATE TABLE IF NOT EXISTS "{record.type}" (key TEXT PRIMARY KEY,'
                 " _stage TEXT NOT NULL, _ref TEXT NOT NULL, _updated REAL NOT NULL)"
             )
-            index = f'"{record.type}_by_ref" ON "{record.type}" (_stage, _ref)'
-            db.execute(f"CREATE INDEX IF NOT EXISTS {index}")
+            self._ensure_indexes(db, record.type)
             columns = [row[1] for row in db.execute(f'PRAGMA table_info("{record.type}")')]
             self._columns[record.type] = columns
         for name in record.data:
             if name not in columns:
                 try:
+                    self._check_case(record, name, columns)
                     db.execute(f'ALTER TABLE "{record.type}" ADD COLUMN "{name}"')
                 except sqlite3.OperationalError as exc:
                     if "duplicate column" not in str(exc):
                         raise
+                    # another process added it meanwhile: under this case, or another?
+                    columns[:] = [r[1] for r in db.execute(f'PRAGMA table_info("{record.type}")')]
+                    self._check_case(record, name, columns)
+                    continue
                 columns.append(name)
+
+    @staticmethod
+    def _check_case(record: Record, name: str, columns: list[str]) -> None:
+        for column in columns:
+            if column != name and column.lower() == name.lower():
+                raise InvalidRecord(
+                    f"record {record.type!r} key {record.key!r}: field {name!r}: the type has"
+                    f" field {column!r}, and fields differing only by case would share one"
+                    " column (SQLite ignores case)"
+                )
+
+    @staticmethod
+    def _ensure_indexes(db: sqlite3.Connection, type_: str) -> None:
+        """Creates `type_`'s indexes, dropping those of older stores under other names."""
+        for name, columns in _indexes(type_).items():
+            db.execute(f'CREATE INDEX IF NOT EXISTS "{name}" ON "{type_}" ({columns})')
+        for old in _old_indexes(type_):
+            if db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ? AND tbl_name = ?",
+                (old, type_),
+            ).fetchone():
+                db.execute(f'DROP INDEX "{old}"')
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """Brings the indexes of a store written by an older crawlq up to date (once, by
+        whichever process opens it first; nothing is written when they already are)."""
+        tables = {
+            row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        indexes = {
+            (row[0], row[1])
+            for row in db.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'index'")
+        }
+        stale = [
+            type_
+            for (type_,) in db.execute("SELECT DISTINCT type FROM _types ORDER BY type")
+            if type_ in tables
+            and (
+                any((name, type_) not in indexes for name in _indexes(type_))
+                or any((name, type_) in indexes for name in _old_indexes(type_))
+            )
+        ]
+        if stale:
+            with self._write_lock.held(), immediate(db):
+                for type_ in stale:
+                    self._ensure_indexes(db, type_)
 
     # -- reading --------------------------------------------------------------------------
 
