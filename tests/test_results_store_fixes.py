@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crawlq.errors import ConfigError, Permanent
-from crawlq.results.store import InvalidRecord, KeyConflict, Record, ResultsStore
+from crawlq.results.store import ROWS_PAGE, InvalidRecord, KeyConflict, Record, ResultsStore
 
 
 def line(key: str, **data: object) -> Record:
@@ -126,7 +126,9 @@ def test_a_store_with_old_index_names_is_migrated_on_open(tmp_path: Path) -> Non
     store.replace("parse", "u", [line("1", n=1)])
     store.close()
     with sqlite3.connect(path) as db:  # as crawlq before this named it
-        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'line'"):
+        for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE tbl_name = 'line'"
+        ).fetchall():
             if name.startswith("_line_"):
                 db.execute(f'DROP INDEX "{name}"')
         db.execute('CREATE INDEX "line_by_ref" ON "line" (_stage, _ref)')
@@ -137,7 +139,7 @@ def test_a_store_with_old_index_names_is_migrated_on_open(tmp_path: Path) -> Non
     with sqlite3.connect(path) as db:
         names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     db.close()
-    assert "line_by_ref" not in names and "_line_by_ref" in names
+    assert "line_by_ref" not in names and "_line_by_output" in names
     store = ResultsStore(path)
     store.replace("parse", "v", [Record(type="line_by_ref", key="1")])
     assert store.records("parse", "u") == [line("1", n=1)]
@@ -177,3 +179,29 @@ def test_fields_differing_only_by_case_are_refused(tmp_path: Path) -> None:
         other.replace("parse", "y", [line("5", EXTRA=2)])
     store.close()
     other.close()
+
+
+def test_paged_reads_need_no_sort(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "r.sqlite")
+    for ref in ("a", "b"):
+        store.replace("parse", ref, [line(f"{ref}{i:04d}", n=i) for i in range(ROWS_PAGE + 5)])
+    db = store._db()
+    run: list[str] = []
+    db.set_trace_callback(run.append)
+    try:
+        assert len(list(store.rows("line", stage="parse"))) == 2 * (ROWS_PAGE + 5)
+        assert len(list(store.rows("line", stage="parse", ref="b"))) == ROWS_PAGE + 5
+        assert len(store.records("parse", "a")) == ROWS_PAGE + 5
+        store.replace("parse", "a", [line("a0000", n=1)])
+    finally:
+        db.set_trace_callback(None)
+    paged = [sql for sql in run if sql.startswith(("SELECT * FROM", "DELETE FROM"))]
+    assert len(paged) > 4
+    for sql in paged:
+        # the values inlined by the trace: EXPLAIN the statement as run
+        plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql)]
+        assert not any("TEMP B-TREE" in step or step.startswith("SCAN") for step in plan), (
+            sql,
+            plan,
+        )
+    store.close()

@@ -110,12 +110,14 @@ def _indexes(type_: str) -> dict[str, str]:
     """The indexes of `type_`'s table, name -> columns. Their names start with _, which no
     record type takes, so they cannot collide with a type's table (stores before this named
     one `{type}_by_ref`, and type `{type}_by_ref` could not then be created)."""
-    return {f"_{type_}_by_ref": "_stage, _ref"}
+    # (stage, ref) pages ordered by key (records, rows(ref=, stage=), replace's delete), and
+    # stage pages ordered by key (rows(stage=)): both without a sort per page
+    return {f"_{type_}_by_output": "_stage, _ref, key", f"_{type_}_by_stage": "_stage, key"}
 
 
 def _old_indexes(type_: str) -> list[str]:
     """Indexes older stores have on `type_`'s table that `_indexes` replaced."""
-    return [f"{type_}_by_ref"]
+    return [f"{type_}_by_ref", f"_{type_}_by_ref"]
 
 
 _INT64 = range(-(2**63), 2**63)
