@@ -205,3 +205,48 @@ def test_paged_reads_need_no_sort(tmp_path: Path) -> None:
             plan,
         )
     store.close()
+
+
+def test_records_reads_one_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+
+    def run(n: int) -> list[Record]:
+        return [
+            Record(type=type_, key=f"{type_}{i}", data={"run": n})
+            for type_ in ("a", "b")
+            for i in range(3)
+        ]
+
+    reader, writer = ResultsStore(path), ResultsStore(path)
+    writer.replace("parse", "R", run(1))
+    db = reader._db()
+    rerun: list[str] = []
+
+    def rerun_when_b_is_read(sql: str) -> None:
+        # another process re-runs parse over R between the reader's reads of a and of b
+        if 'FROM "b"' in sql and not rerun:
+            rerun.append(sql)
+            writer.replace("parse", "R", run(2))
+
+    db.set_trace_callback(rerun_when_b_is_read)
+    try:
+        got = reader.records("parse", "R")
+    finally:
+        db.set_trace_callback(None)
+    assert rerun
+    assert {r.data["run"] for r in got} == {1}, got  # all of one run, not half of each
+    assert not db.in_transaction
+    assert {r.data["run"] for r in reader.records("parse", "R")} == {2}
+    reader.close()
+    writer.close()
+
+
+def test_values_stored_before_the_checks_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    store = ResultsStore(path)
+    store.replace("parse", "u", [line("1", n=1)])
+    with sqlite3.connect(path) as db:  # as an older crawlq let them through
+        db.execute("UPDATE line SET n = ?", (float("inf"),))
+    db.close()
+    assert [(r.key, r.data) for r in store.records("parse", "u")] == [("1", {"n": float("inf")})]
+    store.close()

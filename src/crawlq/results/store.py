@@ -142,6 +142,16 @@ def _value_problem(value: object) -> str | None:
     return f"{type(value).__name__} {value!r} is not a JSON value"
 
 
+def _stored(type_: str, key: str, data: dict[str, JSON]) -> Record:
+    """A record read back from the store, not checked again: its names were when written,
+    and a value stored by an older crawlq that checked less (inf, bytes) still reads."""
+    record = object.__new__(Record)
+    object.__setattr__(record, "type", type_)
+    object.__setattr__(record, "key", key)
+    object.__setattr__(record, "data", data)
+    return record
+
+
 def _column_value(value: JSON) -> Scalar:
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -445,20 +455,41 @@ class ResultsStore:
         return out
 
     def records(self, stage: str, ref: str) -> list[Record]:
-        """What `stage` wrote for `ref`, as records (fields that are None are left out)."""
+        """What `stage` wrote for `ref`, as records (fields that are None are left out).
+
+        Read in one read transaction, so from one snapshot: all of one run of `stage` over
+        `ref`, never part of one and part of the next another process wrote meanwhile. It
+        takes no write lock (WAL: writers go on; they just are not seen until the next call)."""
         out: list[Record] = []
         with self._lock:
-            types = [
-                r[0]
-                for r in self._db().execute(
-                    "SELECT type FROM _types WHERE stage = ? ORDER BY type", (stage,)
-                )
-            ]
-        for type_ in types:
-            for row in self.rows(type_, ref=ref, stage=stage):
-                key = row.pop("key")
-                data = {k: v for k, v in row.items() if v is not None}
-                out.append(Record(type=type_, key=key, data=data))
+            db = self._db()
+            db.execute("BEGIN")  # deferred: the snapshot is taken by the first SELECT
+            try:
+                types = [
+                    r[0]
+                    for r in db.execute(
+                        "SELECT type FROM _types WHERE stage = ? ORDER BY type", (stage,)
+                    ).fetchall()
+                ]
+                for type_ in types:
+                    try:
+                        cursor = db.execute(
+                            f'SELECT * FROM "{type_}" WHERE _stage = ? AND _ref = ? ORDER BY key',
+                            (stage, ref),
+                        )
+                    except sqlite3.OperationalError as exc:
+                        if "no such table" in str(exc):  # dropped by hand: nothing there
+                            continue
+                        raise
+                    names = [d[0] for d in cursor.description]
+                    key = names.index("key")
+                    shown = [i for i, n in enumerate(names) if n not in _RESERVED]
+                    for row in cursor:
+                        data = {names[i]: row[i] for i in shown if row[i] is not None}
+                        out.append(_stored(type_, row[key], data))
+            finally:
+                if db.in_transaction:
+                    db.execute("COMMIT")
         return out
 
     def refs(self, stage: str) -> list[str]:
