@@ -96,6 +96,7 @@ async def test_pages_of_many_tags_are_read_for_links_in_child_processes(
     async with SyntheticWeb([site]) as net:
         await Crawl(crawl_settings(net, tmp_path / "inline")).run([net.url("a.test")])
         monkeypatch.setattr(page_reader, "INLINE_CHARS", 100)
+        monkeypatch.setattr(page_reader, "THREAD_CHARS", 100)
         started = started_children(monkeypatch)
         await Crawl(crawl_settings(net, tmp_path / "child")).run([net.url("a.test")])
     inline, child = records_by_url(tmp_path / "inline"), records_by_url(tmp_path / "child")

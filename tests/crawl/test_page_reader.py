@@ -1,15 +1,18 @@
-"""Pages of many tags are read in child processes that a runaway parse cannot outlast."""
+"""Pages read for their links: small ones on the event loop, middling ones in threads, large
+ones in child processes that a runaway parse cannot outlast."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 
+from crawlq.crawl import page_reader
 from crawlq.crawl.errors import FetchError, Reason
-from crawlq.crawl.links import extract
+from crawlq.crawl.links import PageLinks, extract
 from crawlq.crawl.page_reader import INLINE_CHARS, PageReader, inline
 
 from .conftest import started_children
@@ -22,6 +25,30 @@ MANY = (
     + "<a href='https://b.test/x'>b</a><a rel=nofollow href='/no'>no</a></body></html>"
 )
 DEEP = "<html><body>" + "<div>" * 40_000 + "<a href='/under'>u</a>"  # seconds to parse
+
+
+async def test_pages_of_a_middling_size_are_read_in_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """lexbor lets go of the GIL while it parses: the loop goes on meanwhile."""
+    threads: list[str] = []
+
+    def extract_noting(html: str, url: str) -> PageLinks:
+        threads.append(threading.current_thread().name)
+        return extract(html, url)
+
+    monkeypatch.setattr(page_reader, "extract", extract_noting)
+    started = started_children(monkeypatch)
+    middling = MANY[: page_reader.THREAD_CHARS]
+    reader = PageReader()
+    try:
+        pages = await asyncio.gather(*(reader.links(middling, f"{URL}/{n}") for n in range(4)))
+        assert await reader.links(middling[: INLINE_CHARS - 1], URL) is not None
+    finally:
+        await reader.aclose()
+    assert pages == [extract(middling, f"{URL}/{n}") for n in range(4)]
+    assert [name.startswith("crawlq-links") for name in threads] == [True] * 4 + [False]
+    assert started == []
 
 
 def test_only_small_pages_are_read_inline_whatever_their_markup() -> None:

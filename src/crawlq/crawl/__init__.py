@@ -9,7 +9,7 @@ queue; links and scope; WARC storage with an index; and the crawl task of `crawl
     urls.py, links.py, scope.py    canonical URLs, link extraction, what a crawl may visit
     warc.py, store.py              WARC files rotated by size; the content store and index
     crawler.py     the crawl task; records.py, budget.py, progress.py its bookkeeping
-    page_reader.py links of large pages read in child processes (page_child.py)
+    page_reader.py links read on the loop, in threads, or in child processes (page_child.py)
 """
 
 from .browser import Browser, BrowserSettings, Rendered

@@ -4,13 +4,15 @@ whose parse runs away.
 lexbor's parse grows with the square of the depth of nested blocks (5,000 nested `<div>`
 take it 37 ms, 40,000, 200 KB, 4 s, a 10 MB page of them hours) and with the square of the
 attributes of one tag (20,000, 129 KB: 0.66 s). Neither can be told from the text cheaply:
-attributes need no "<" and quotes hide "<" and ">". So only a page of at most INLINE_CHARS
-characters is read on the event loop (40 ms at worst); a larger one is read in a child
-process (page_child.py; at most `processes` of them, each reading one page at a time), as a
-thread could not be stopped: a parse past `timeout` seconds has its child killed, the page
-is recorded with reason `timeout` and no links, and the next page starts a new child. A
-page read by a child costs the event loop about half of reading it (a 35 KB page: 0.15
-against 0.31 ms), and the machine about 0.2 ms more.
+attributes need no "<" and quotes hide "<" and ">". So the size decides:
+- up to INLINE_CHARS, on the event loop: 40 ms at worst;
+- up to THREAD_CHARS, in a thread: lexbor lets go of the GIL while it parses, so the loop
+  goes on, and the worst such page costs its thread about half a second;
+- larger, in a child process (page_child.py; at most `processes` of them, each reading one
+  page at a time), as a thread could not be stopped: a parse past `timeout` seconds has its
+  child killed, the page is recorded with reason `timeout` and no links, and the next page
+  starts a new child. A page read by a child costs the machine about 0.2 ms more than read
+  here (a 35 KB page: 0.31 ms here; 0.15 ms of the loop's and 0.35 of the child's).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import asyncio
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import FetchError, Reason
 from .links import PageLinks, extract
 
-#: Pages of more characters than this are read in a child process.
+#: Pages of at most this many characters are read on the event loop, of at most
+#: THREAD_CHARS in a thread, larger ones in a child process.
 INLINE_CHARS = 16 * 1024
+THREAD_CHARS = 64 * 1024
 PARSE_TIMEOUT = 30.0
 PROCESSES = 2
 
@@ -54,12 +59,17 @@ class PageReader:
         self.timeout = PARSE_TIMEOUT if timeout is None else timeout
         self._free = asyncio.Semaphore(processes)
         self._idle: list[_Child] = []
+        self._threads = ThreadPoolExecutor(processes, thread_name_prefix="crawlq-links")
         self._closed = False
 
     async def links(self, html: str, url: str) -> PageLinks:
         """The page's title and links; FetchError(TIMEOUT) if reading them took too long."""
         if inline(html):
             return extract(html, url)
+        if len(html) <= THREAD_CHARS:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._threads, extract, html, url
+            )
         async with self._free:
             child = self._idle.pop() if self._idle else await _Child.start(self.timeout)
             try:
@@ -80,6 +90,7 @@ class PageReader:
     async def aclose(self) -> None:
         """Ends the idle children; a busy one ends with its page."""
         self._closed = True
+        self._threads.shutdown(wait=False)
         idle, self._idle = self._idle, []
         for child in idle:
             await child.kill()
