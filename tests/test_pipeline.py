@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -244,3 +245,38 @@ async def test_a_reprocess_refuses_queues_that_running_workers_serve(tmp_path: P
         await pipeline.app.aclose()
         pipeline.results.close()
     assert finished == []
+
+
+async def test_a_stage_is_recorded_done_only_once_its_records_are_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results store's commits are not synced one by one: before a worker records a
+    batch of elements done, the write-ahead log holding their records is fsynced."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def noting(fd: int) -> None:
+        fsync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", noting)
+    pipeline, _ = _three_stages(tmp_path)
+    wal = str(pipeline.results.path) + "-wal"
+    seen: list[tuple[int, int]] = []  # elements recorded done, and the log's syncs before
+    try:
+        backend = await pipeline.app.backend()
+        finish = backend.finish
+
+        async def finish_seen(
+            follow: list[Schedule], acks: list[Claimed], failures: list[Failure]
+        ) -> None:
+            seen.append((len(acks), synced.count(wal)))
+            await finish(follow, acks, failures)
+
+        monkeypatch.setattr(backend, "finish", finish_seen)
+        await pipeline.reprocess("total", where=["a", "b"])
+    finally:
+        await pipeline.app.aclose()
+        pipeline.results.close()
+    assert sum(done for done, _ in seen) == 2
+    assert all(syncs >= 1 for done, syncs in seen if done)

@@ -175,6 +175,7 @@ class Pipeline:
             async def run(ctx: Context, ref: str) -> None:
                 if not isinstance(ref, str):
                     raise Permanent(f"stage {name}: expected a reference (a string), got {ref!r}")
+                ctx.app.shared(OUTPUTS)  # a sync stage writes the store itself: synced with it
                 if is_async:
                     stored = await self._input(ctx, index - 1, ref)
                     records = as_records(await call_task_function(function, True, ctx, stored))

@@ -23,5 +23,11 @@ class OutputWriter:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self.results.replace, stage, ref, records)
 
+    async def sync(self) -> None:
+        """Every output written so far on disk (the worker awaits it before it records the
+        elements that wrote them done: see App.sync_shared)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self.results.sync)
+
     async def aclose(self) -> None:
         await asyncio.to_thread(self._thread.shutdown)  # its last writes finish first

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
 import threading
@@ -183,6 +184,20 @@ class ResultsStore:
                 raise
             self._connection = connection
         return self._connection
+
+    def sync(self) -> None:
+        """Puts every write committed so far on disk (its commits are not synced one by one,
+        see writelock.open_shared): fsyncs the write-ahead log, where they are until a
+        checkpoint, which syncs what it moves. Or raises OSError: then some may not be."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            descriptor = os.open(wal, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # nothing written since the last checkpoint emptied it
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
     def close(self) -> None:
         with self._lock:
