@@ -104,7 +104,7 @@ BODY_HEADERS = frozenset(
 )
 #: Headers a redirect to another origin does not carry, whether the caller or the session
 #: (a login hook's token) set them; the cookie jar still sends the new origin its own.
-CREDENTIAL_HEADERS = ("Authorization", "Cookie", "Proxy-Authorization")
+CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
 def logged_out(response: Response) -> bool:
@@ -550,7 +550,7 @@ class Fetcher:
                 # The caller's credentials go where `trusted` says; a session's own (a login
                 # hook's token) to its domain, or as the caller's when it is the same session.
                 own = trusted if hop_session is session else _trusted(hop_session, first, parsed)
-                hop_headers = headers if trusted else _without_credentials(headers)
+                hop_headers = headers if trusted else _without(headers, CREDENTIAL_HEADERS)
                 untrusted = self._untrusted.set(not own)
                 try:
                     with self._sending_on(slot):
@@ -601,12 +601,7 @@ class Fetcher:
                 response.status in (301, 302) and method == "POST"
             ):
                 method, data = "GET", None  # as browsers do (the Fetch standard)
-                if headers:
-                    headers = {
-                        name: value
-                        for name, value in headers.items()
-                        if name.lower() not in BODY_HEADERS
-                    }
+                headers = _without(headers, BODY_HEADERS)
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
@@ -773,10 +768,10 @@ async def _login_for(url: str, login: Awaitable[None]) -> None:
         raise FetchError(exc.reason, url, exc.detail, until=exc.until) from exc
 
 
-def _without_credentials(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+def _without(headers: Mapping[str, str] | None, names: frozenset[str]) -> Mapping[str, str] | None:
+    """`headers` but those named in `names` (lower-case)."""
     if not headers:
         return headers
-    names = {name.lower() for name in CREDENTIAL_HEADERS}
     return {name: value for name, value in headers.items() if name.lower() not in names}
 
 

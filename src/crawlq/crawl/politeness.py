@@ -393,9 +393,8 @@ class Politeness:
         horizon = now - self._longest_gap
         forget_before(self._last_sent, horizon)
         fetcher.forget_sent_before(horizon)
-        for group in [group for group, until in self._blocked.items() if until <= now]:
-            del self._blocked[group]
-            self._block_reasons.pop(group, None)
+        for group in list(self._blocked):
+            self.blocked_until(group)  # forgets the block, and its reason, if it ended
         stale = now - FAILURE_MEMORY
         for group in [g for g, (_, last) in self._failures.items() if last < stale]:
             if group not in self._blocked:

@@ -34,8 +34,7 @@ _scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 #: its scheme: the authority ends at the first / ? #, whitespace, quote (a URL inside JSON)
 #: or angle bracket (<url> in text), and its userinfo at the last @ in it; the characters
 #: no URL should hold raw but a password given to redis-py may ({ } | ^ \ `) do not end
-#: it. Found by
-#: `redact_userinfo` piece by piece, in time linear in the text: one pattern for it all,
+#: it. Found by `redact_userinfo` piece by piece, in time linear in the text: one pattern,
 #: `\b scheme : /* info @`, took quadratic time to fail on text like a:a:a:...a: @.
 _SCHEME_START = re.compile(r"\b[A-Za-z]")
 _SCHEME_REST = re.compile(r"[A-Za-z0-9+.-]*")
@@ -202,9 +201,10 @@ class TaskFieldsFilter(logging.Filter):
 #: clear-screen, cursor moves, colors, OSC 8 links; a lone C1 CSI does in some terminals);
 #: and the line and paragraph separators (str.splitlines splits there) and the bidirectional
 #: overrides, which make a line read as other text.
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_OTHER_CONTROLS = r"\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROLS = re.compile(rf"[\x00-\x08{_OTHER_CONTROLS}]")
 #: The same and newline: for cells and fields shown on one line.
-_LINE_CONTROLS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_LINE_CONTROLS = re.compile(rf"[\x00-\x08\n{_OTHER_CONTROLS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r"}
 
 
