@@ -101,34 +101,47 @@ async def test_a_redirect_to_the_same_url_with_a_new_cookie_is_followed(
 
 
 async def test_credentials_stay_with_their_origin_across_redirects(net: SyntheticWeb) -> None:
-    """The caller's Authorization, Cookie and Proxy-Authorization, and a login hook's token
-    on its session, go to the first URL's origin (and the login domain) only: not to the
-    host a redirect leads to, nor back from it."""
+    """The caller's Authorization, Cookie and Proxy-Authorization, headers named as secrets
+    (X-Api-Key), and a login hook's token on its session, go to the first URL's origin (and
+    the login domain) only: not to the host a redirect leads to, nor back from it. Other
+    headers go with every hop."""
     site = net.sites["a.test"]
     site.routes["/api"] = redirect("/same")
     site.routes["/same"] = redirect(net.url("b.test", "/elsewhere"))
     net.sites["b.test"].routes["/elsewhere"] = redirect(net.url("a.test", "/back"))
-    secrets = {"Authorization": "Bearer T", "Cookie": "sid=S", "Proxy-Authorization": "Basic P"}
+    secrets = {
+        "Authorization": "Bearer T",
+        "Cookie": "sid=S",
+        "Proxy-Authorization": "Basic P",
+        "X-Api-Key": "K",
+        "X-Session-Token": "ST",
+    }
 
     async def sign_in(session: Session) -> None:
         session.client.headers["Authorization"] = "Bearer LOGIN"
+        session.client.headers["X-Auth-Token"] = "LOGIN-T"
 
     async with Fetcher(fetch_settings(net)) as fetcher:
-        response = await fetcher.fetch(net.url("a.test", "/api"), headers=secrets)
+        response = await fetcher.fetch(
+            net.url("a.test", "/api"), headers={**secrets, "X-Trace": "t1"}
+        )
         fetcher.add_login("a.test", Login(perform=sign_in))
         await fetcher.fetch(net.url("a.test", "/api"))
     assert response.url == net.url("a.test", "/back")
 
     def sent(hit_path: str) -> list[dict[str, str | None]]:
-        names = ("Authorization", "Cookie", "Proxy-Authorization")
+        names = (*secrets, "X-Auth-Token")
         hits = [hit for hit in net.hits if hit.path == hit_path]
         return [{name: hit.headers.get(name) for name in names} for hit in hits]
 
-    nothing = dict.fromkeys(secrets)
-    assert sent("/api") == [secrets, {**nothing, "Authorization": "Bearer LOGIN"}]
-    assert sent("/same") == [secrets, {**nothing, "Authorization": "Bearer LOGIN"}]
+    nothing = dict.fromkeys((*secrets, "X-Auth-Token"))
+    signed_in = {**nothing, "Authorization": "Bearer LOGIN", "X-Auth-Token": "LOGIN-T"}
+    assert sent("/api") == [{**nothing, **secrets}, signed_in]
+    assert sent("/same") == [{**nothing, **secrets}, signed_in]
     assert sent("/elsewhere") == [nothing, nothing]
     assert sent("/back") == [nothing, nothing]
+    traced = [hit.headers.get("X-Trace") for hit in net.hits if hit.path != "/robots.txt"]
+    assert traced == ["t1"] * 4 + [None] * 4
 
 
 @pytest.mark.parametrize(

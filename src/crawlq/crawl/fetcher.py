@@ -39,6 +39,7 @@ from aiohttp.typedefs import LooseCookies
 from yarl import URL
 
 from ..grouping import is_public_suffix
+from ..observe.logs import secret_name
 from ..observe.metrics import worker_metrics
 from .answers import PendingAnswers
 from .decoding import ACCEPT_ENCODING, decode_content
@@ -103,8 +104,19 @@ BODY_HEADERS = frozenset(
     {"content-type", "content-length", "content-encoding", "content-language", "content-location"}
 )
 #: Headers a redirect to another origin does not carry, whether the caller or the session
-#: (a login hook's token) set them; the cookie jar still sends the new origin its own.
+#: (a login hook's token) set them; the cookie jar still sends the new origin its own. So
+#: does every header named as a secret (X-Api-Key, X-Auth-Token, X-Session-Id: `credential`).
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def credential(name: str) -> bool:
+    """Whether a header called `name` carries credentials."""
+    lowered = name.lower()
+    return lowered in CREDENTIAL_HEADERS or secret_name(lowered)
+
+
+def body_header(name: str) -> bool:
+    return name.lower() in BODY_HEADERS
 
 
 def logged_out(response: Response) -> bool:
@@ -416,7 +428,7 @@ class Fetcher:
             def update_headers(self, headers: Any) -> None:
                 super().update_headers(headers)  # the caller's and the session's, merged
                 if untrusted.get():
-                    for name in CREDENTIAL_HEADERS:
+                    for name in [name for name in self.headers if credential(name)]:
                         self.headers.popall(name, None)
 
             async def send(self, conn: Connection) -> aiohttp.ClientResponse:
@@ -550,7 +562,7 @@ class Fetcher:
                 # The caller's credentials go where `trusted` says; a session's own (a login
                 # hook's token) to its domain, or as the caller's when it is the same session.
                 own = trusted if hop_session is session else _trusted(hop_session, first, parsed)
-                hop_headers = headers if trusted else _without(headers, CREDENTIAL_HEADERS)
+                hop_headers = headers if trusted else _without(headers, credential)
                 untrusted = self._untrusted.set(not own)
                 try:
                     with self._sending_on(slot):
@@ -601,7 +613,7 @@ class Fetcher:
                 response.status in (301, 302) and method == "POST"
             ):
                 method, data = "GET", None  # as browsers do (the Fetch standard)
-                headers = _without(headers, BODY_HEADERS)
+                headers = _without(headers, body_header)
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
@@ -768,11 +780,13 @@ async def _login_for(url: str, login: Awaitable[None]) -> None:
         raise FetchError(exc.reason, url, exc.detail, until=exc.until) from exc
 
 
-def _without(headers: Mapping[str, str] | None, names: frozenset[str]) -> Mapping[str, str] | None:
-    """`headers` but those named in `names` (lower-case)."""
+def _without(
+    headers: Mapping[str, str] | None, dropped: Callable[[str], bool]
+) -> Mapping[str, str] | None:
+    """`headers` but those whose name is `dropped`."""
     if not headers:
         return headers
-    return {name: value for name, value in headers.items() if name.lower() not in names}
+    return {name: value for name, value in headers.items() if not dropped(name)}
 
 
 def _trusted(session: Session, first: URL | None, hop: URL | None) -> bool:

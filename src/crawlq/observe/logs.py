@@ -42,7 +42,7 @@ _SLASHES = re.compile(r"/*")
 _AUTHORITY = re.compile(r"[^/?#\s\"'<>]*")
 #: Secrets by name, in query strings and forms (?password=..., &client_secret=...), in
 #: keyword arguments (password='...') and in JSON ("token": "..."): a name is matched, then
-#: told secret or not by `_secret_name` (one pattern of the words would backtrack on long
+#: told secret or not by `secret_name` (one pattern of the words would backtrack on long
 #: names).
 _NAMED_VALUE = re.compile(
     # ?name=value&...: the value runs to & # or whitespace, as a query's does
@@ -92,14 +92,15 @@ def redact(text: str) -> str:
 
 def _masked_value(match: re.Match[str]) -> str:
     kind = "q" if match.group("qname") else "k" if match.group("kname") else "j"
-    if not _secret_name(match.group(f"{kind}name")):
+    if not secret_name(match.group(f"{kind}name")):
         return match.group(0)
     value = match.group(f"{kind}value")
     quote = value[0] if value[0] in "'\"" else ""
     return f"{match.group(f'{kind}head')}{quote}{MASK}{quote}"
 
 
-def _secret_name(name: str) -> bool:
+def secret_name(name: str) -> bool:
+    """Whether a parameter, field or header called `name` holds a secret by its name."""
     lowered = name.lower()
     return (
         lowered in _SECRET_NAMES
