@@ -624,6 +624,25 @@ async def test_a_redirect_into_a_login_domain_goes_with_that_domains_session(
     assert first.headers.get("Authorization") == "A"
 
 
+async def test_a_session_reached_by_a_redirect_logs_in_again_when_it_expires(
+    net: SyntheticWeb,
+) -> None:
+    """a.test/go -> b.test/members/1, where b.test's session lasts one page: the second
+    fetch comes back at b.test's login page, so b.test's session signs in again and the
+    page is asked again, as for a URL of b.test itself."""
+    logins = members_site(net, uses_per_login=1)
+    net.sites["a.test"].routes["/go"] = redirect(net.url("b.test", "/members/1"))
+
+    async def sign_in(session: Session) -> None:
+        await session.post(net.url("b.test", "/login"), data={"user": "ann", "password": "secret"})
+
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        fetcher.add_login("b.test", Login(perform=sign_in))
+        answers = [await fetcher.fetch(net.url("a.test", "/go")) for _ in range(2)]
+    assert [r.text() for r in answers] == ["<title>secret /members/1</title>"] * 2
+    assert logins == ["token-0", "token-1"]
+
+
 async def test_pages_that_are_forbidden_logged_in_do_not_each_cause_a_login(
     net: SyntheticWeb,
 ) -> None:

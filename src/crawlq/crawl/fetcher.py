@@ -476,10 +476,9 @@ class Fetcher:
         written). Raises FetchError with a Reason; a response of any status is returned."""
         self._clear_dns_cache_now_and_then()
         session = self.session(url)
-        login = session.login
-        if login is not None:
+        if session.login is not None:
             await _login_for(url, session.ensure_login(None))
-        generation = session.generation
+        generations = self._login_generations()
         send = functools.partial(
             self.request,
             session,
@@ -492,18 +491,36 @@ class Fetcher:
             pace=pace,
         )
         response = await send()
-        if (
-            login is not None
-            and login.expired(response)
-            and time.monotonic() >= session.futile.get(url, 0.0)
-        ):
-            await _login_for(url, session.ensure_login(generation))
+        expired = self._expired_session(url, response)
+        if expired is not None and expired.login is not None:
+            seen = generations.get(expired.domain, expired.generation)
+            await _login_for(url, expired.ensure_login(seen))
             response = await send()
-            if login.expired(response):  # forbidden, not logged out: no login per fetch
-                if len(session.futile) >= MAX_FUTILE_URLS:
-                    session.futile.clear()
-                session.futile[url] = time.monotonic() + FUTILE_LOGIN_QUIET
+            if expired.login.expired(response):  # forbidden, not logged out: no login per fetch
+                if len(expired.futile) >= MAX_FUTILE_URLS:
+                    expired.futile.clear()
+                expired.futile[url] = time.monotonic() + FUTILE_LOGIN_QUIET
         return response
+
+    def _login_generations(self) -> dict[str, int]:
+        """Each login session's count of logins, by domain, before a fetch."""
+        if not self._logins:
+            return {}
+        return {domain: s.generation for domain, s in self._sessions.items() if s.login}
+
+    def _expired_session(self, url: str, response: Response) -> Session | None:
+        """The first session with a login, among those `response`'s hops went with, whose
+        login says it came back logged out; None while such answers to `url` are taken as
+        they are (FUTILE_LOGIN_QUIET)."""
+        if not self._logins:
+            return None
+        now = time.monotonic()
+        for hop in dict.fromkeys(answer.url for answer in response.chain):
+            session = self.session(hop)
+            login = session.login
+            if login is not None and login.expired(response):
+                return session if now >= session.futile.get(url, 0.0) else None
+        return None
 
     async def request(
         self,
