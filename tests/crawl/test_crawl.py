@@ -430,6 +430,52 @@ async def test_a_url_a_redirect_led_to_is_free_for_another_process_of_the_crawl(
     assert resumed.budget.used() == 4
 
 
+async def test_redirects_to_another_host_wait_for_that_hosts_limits(tmp_path: Path) -> None:
+    """Pages of 12 hosts each redirect to a page of c.test, which answers slowly and allows
+    one request at a time: the hops to c.test are queued as pages of c.test, so at most one
+    is in flight there however many hosts redirect to it. Each redirecting page's record
+    says where it led, as one link."""
+    release = asyncio.Event()
+    senders = [f"s{n}.test" for n in range(12)]
+    sites = [
+        Site(name=name, routes={"/go": redirect(f"http://c.test/from/{name}", 301)})
+        for name in senders
+    ]
+    target = Site(name="c.test", routes={f"/from/{name}": hang(release) for name in senders})
+    async with SyntheticWeb([*sites, target]) as net:
+        for site in sites:  # with the port the web was given
+            site.routes["/go"] = redirect(net.url("c.test", f"/from/{site.name}"), 301)
+        settings = crawl_settings(net, tmp_path, concurrency_per_domain=1)
+        crawl = Crawl(settings)
+        running = asyncio.create_task(
+            crawl.run([net.url(name, "/go") for name in senders], concurrency=30)
+        )
+        # c.test holds its answers until every redirecting page is done (handed off), or,
+        # were hops followed in place, until each has its request in flight at c.test.
+        deadline = asyncio.get_running_loop().time() + 30
+        while crawl.stats.pages < len(senders) and len(
+            net.hits_for("c.test", pages_only=True)
+        ) < len(senders):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        release.set()
+        await running
+        peak = net.peak_concurrency("c.test")
+    assert peak == 1
+    records = records_by_url(tmp_path)
+    for name in senders:
+        (moved,) = records[net.url(name, "/go")]
+        assert (moved["status"], moved["links"], moved["queued"], moved["error"]) == (
+            301,
+            1,
+            1,
+            None,
+        )
+        (landed,) = records[net.url("c.test", f"/from/{name}")]
+        assert landed["status"] == 200
+    assert len(net.hits_for("c.test", pages_only=True)) == len(senders)
+
+
 def redirecting_site(links_of_a: list[str]) -> Site:
     """/a links `links_of_a`; /dir redirects to /dir/; /b links /dir/ and /c."""
     return Site(

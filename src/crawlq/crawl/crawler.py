@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from ..app import App
 from ..backends import Backend
 from ..context import BROWSER, FETCHER, POLITENESS, Context
 from ..errors import ConfigError
-from ..grouping import NO_GROUP, group_of
+from ..grouping import NO_GROUP, group_of, url_host
 from ..retry import Retry
 from ..tasks import Task
 from ..types import JSON, GroupBy
@@ -263,7 +263,7 @@ class Crawl:
             return
         try:
             response = await self.politeness(ctx).fetch(
-                ctx.fetcher, url, group=ctx.group, scope=self.settings.scope.check
+                ctx.fetcher, url, group=ctx.group, scope=self._hop_check(url)
             )
             rendered = await self._render(ctx, response)
         except Throttled as exc:
@@ -284,6 +284,12 @@ class Crawl:
             return
         except FetchError as exc:
             ref = await _store_all(store, exc.responses)
+            if exc.reason is Reason.OTHER_HOST:
+                queued = await self._hand_off(ctx, exc.url, depth)
+                self.stats.pages += 1
+                record = _error_record(base, exc, ref, started, retry=False)
+                records.write(replace(record, error=None, detail=None, links=1, queued=queued))
+                return
             retry = exc.reason in self.settings.retry_reasons
             retry_left = retry and not self.settings.retry.exhausted(ctx.attempt)
             self.stats.errors += 1
@@ -358,6 +364,33 @@ class Crawl:
         return await browser.render(
             response, resources, user_agent=settings.user_agent, max_bytes=settings.max_bytes
         )
+
+    def _hop_check(self, url: str) -> Callable[[str], None]:
+        """Each hop of `url`'s redirects in scope (Scope.check), and on its host: a hop to
+        another host would go out on this host's slot, past the limits of its own (which the
+        queue enforces at claim), so it is handed back to the queue (`_hand_off`)."""
+        check, host = self.settings.scope.check, url_host(url)
+
+        def check_hop(hop: str) -> None:
+            check(hop)
+            if hop != url and url_host(hop) != host:
+                raise FetchError(Reason.OTHER_HOST, hop, "queued as a page of its own")
+
+        return check_hop
+
+    async def _hand_off(self, ctx: Context, target: str, depth: int) -> int:
+        """Queues `target`, where a redirect of a page at `depth` led, as a page of its own:
+        1 if it was new. Like a URL a redirect led to, it takes no page of the budget."""
+        known = self._known.of(ctx.backend)
+        canonical = canonicalize(target)
+        if canonical is None or canonical in known:
+            return 0
+        target = canonical
+        await self.budget.waive([target])
+        element: JSON = {"url": target, "depth": depth}
+        result = await ctx.schedule_many(self.task, [element], only_if_new=True)
+        self._known.add(ctx.backend, known, [target])
+        return result.added
 
     async def _mark_fetched(self, ctx: Context, url: str, depth: int, response: Response) -> None:
         """Queues the URLs the redirects of `url` led to as fetched with it, so that a link to

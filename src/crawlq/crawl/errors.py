@@ -42,6 +42,9 @@ class Reason(StrEnum):
     BLOCKED = "blocked_address"  # the SSRF guard refused the address (guard.py)
     BROWSER_UNAVAILABLE = "browser_unavailable"  # no Chromium, or Playwright could not start it
     BROWSER_FAILED = "browser_failed"  # Chromium crashed or broke off while rendering
+    # A crawl's page redirected to another host: that URL becomes a page of its own, to go
+    # when its host's limits allow (crawler.py). Not an error of the page.
+    OTHER_HOST = "redirect_to_other_host"
 
 
 #: Worth another attempt later: the cause is on the network or the server, and passes.
