@@ -5,6 +5,7 @@ MAX_ROBOTS_BYTES."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from crawlq.crawl import robots as robots_module
 from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.robots import MAX_ROBOTS_BYTES
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
@@ -122,3 +124,58 @@ async def test_the_rules_kept_are_bounded_in_bytes_the_least_recently_used_going
     assert kept == [f"http://{name}:{net.ports[name]}" for name in ("b.test", "a.test")]
     asked = [h.host for h in net.hits if h.path == "/robots.txt"]
     assert asked == ["a.test", "b.test", "c.test", "a.test"]
+
+
+def hostile_robots(patterns: int) -> str:
+    """`patterns` wildcard rules protego matches one by one, and /page/1 disallowed."""
+    rules = "".join(f"Disallow: /*x*y*z{n}\n" for n in range(patterns))
+    return f"User-agent: *\nDisallow: /page/1$\n{rules}"
+
+
+async def test_a_robots_txt_of_many_wildcard_rules_is_matched_off_the_event_loop() -> None:
+    """Matching a URL against 20,000 wildcard rules takes protego tens of milliseconds: the
+    event loop keeps turning meanwhile, and the rules are still obeyed."""
+    text = hostile_robots(20_000)
+    assert len(text) <= MAX_ROBOTS_BYTES
+    site = Site(name="a.test", pages=3, robots=text)
+    async with SyntheticWeb([site]) as net, Fetcher(fetch_settings(net)) as fetcher:
+        await fetcher.robots.check(net.url("a.test", "/page/0"))  # fetched and parsed
+        turns = 0
+        checking = True
+
+        async def count_turns() -> None:
+            nonlocal turns
+            while checking:
+                turns += 1
+                await asyncio.sleep(0)
+
+        counter = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        started = turns
+        await fetcher.robots.check(net.url("a.test", "/page/2"))
+        during = turns - started
+        checking = False
+        await counter
+        with pytest.raises(FetchError) as refused:
+            await fetcher.robots.check(net.url("a.test", "/page/1"))
+        rules = await fetcher.robots.rules(net.url("a.test"))
+    assert during >= 1  # inline, the check would not let the loop turn once
+    assert rules.costly
+    assert refused.value.reason is Reason.ROBOTS_DISALLOWED
+
+
+async def test_links_under_costly_rules_are_judged_when_fetched(tmp_path: Path) -> None:
+    """Under costly rules a page's links are not matched one by one as they are found (each
+    match could take milliseconds): they are queued, and a disallowed one is refused, not
+    fetched, when its turn comes."""
+    site = Site(name="a.test", pages=4, robots=hostile_robots(2_000))
+    async with SyntheticWeb([site]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test")])
+    assert [h.path for h in net.hits_for("a.test", pages_only=True)] == [
+        "/page/0",
+        "/page/2",
+        "/page/3",
+    ]
+    record = records_by_url(tmp_path)[net.url("a.test", "/page/1")]
+    assert [r["error"] for r in record] == ["robots_disallowed"]
