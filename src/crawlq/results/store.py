@@ -1,12 +1,16 @@
 """The results store: records in SQLite, one table per record type, identified by key.
 
 Each table has the record's `key` (primary key), the stage and the input reference that
-produced it (`_stage`, `_ref`), when it was written (`_updated`), and one column per field,
-added the first time a field appears. A stage's output for one reference is *replaced* in
-one transaction: the rows it wrote for that reference last time are deleted, the new ones
-inserted, and the `_outputs` row (stage, ref) written. So running a stage twice over the
-same input leaves exactly the same rows. A key belongs to the (stage, ref) that wrote it:
-another one writing the same key fails (KeyConflict) rather than take it over.
+produced it (`_stage`, `_ref`), when it was written (`_updated`), one column per field,
+added the first time a field appears, and `_kinds`: what of the record's values a column
+cannot say by itself (lists and dicts, booleans, None given), so that they read back as
+written (see values.py; older stores' tables get it the first time they are written).
+
+A stage's output for one reference is *replaced* in one transaction: the rows it wrote for
+that reference last time are deleted, the new ones inserted, and the `_outputs` row (stage,
+ref) written. So running a stage twice over the same input leaves exactly the same rows. A
+key belongs to the (stage, ref) that wrote it: another one writing the same key fails
+(KeyConflict) rather than take it over.
 
 Tables of the store itself:
 
@@ -16,8 +20,6 @@ Tables of the store itself:
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import sqlite3
@@ -31,9 +33,10 @@ from typing import Any
 from ..errors import ConfigError, Permanent
 from ..types import JSON
 from ..writelock import WriteLock, immediate, open_shared
+from .values import KINDS, Scalar, encode, row_reader, value_problem
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_RESERVED = frozenset({"key", "_stage", "_ref", "_updated"})
+_RESERVED = frozenset({"key", "_stage", "_ref", "_updated", KINDS})
 #: Records `rows` reads at a time.
 ROWS_PAGE = 1_000
 
@@ -51,8 +54,6 @@ CREATE TABLE IF NOT EXISTS _types (
     PRIMARY KEY (type, stage)
 ) WITHOUT ROWID;
 """
-
-Scalar = str | int | float | bool | None
 
 
 class InvalidRecord(ConfigError, Permanent):
@@ -92,7 +93,7 @@ class Record:
                     f"record {self.type!r} key {self.key!r}: fields {other!r} and {name!r}"
                     " differ only by case (SQLite column names ignore case)"
                 )
-            problem = _value_problem(value)
+            problem = value_problem(value)
             if problem:
                 raise InvalidRecord(
                     f"record {self.type!r} key {self.key!r}: field {name!r}: {problem}"
@@ -121,28 +122,6 @@ def _old_indexes(type_: str) -> list[str]:
     return [f"{type_}_by_ref", f"_{type_}_by_ref"]
 
 
-_INT64 = range(-(2**63), 2**63)
-
-
-def _value_problem(value: object) -> str | None:
-    """Why `value` cannot be a field's value (None if it can): JSON only (str, int, float,
-    bool, None, and lists and dicts of them), no NaN or infinity, top-level ints in int64
-    (SQLite's INTEGER; nested ones are kept in the field's JSON text)."""
-    if value is None or isinstance(value, str | bool):
-        return None
-    if isinstance(value, int):
-        return None if value in _INT64 else f"{value} does not fit a 64-bit integer"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value} is not a JSON number"
-    if isinstance(value, dict | list | tuple):
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            return f"not JSON: {exc}"
-        return None
-    return f"{type(value).__name__} {value!r} is not a JSON value"
-
-
 def _stored(type_: str, key: str, data: dict[str, JSON]) -> Record:
     """A record read back from the store, not checked again: its names were when written,
     and a value stored by an older crawlq that checked less (inf, bytes) still reads."""
@@ -151,12 +130,6 @@ def _stored(type_: str, key: str, data: dict[str, JSON]) -> Record:
     object.__setattr__(record, "key", key)
     object.__setattr__(record, "data", data)
     return record
-
-
-def _column_value(value: JSON) -> Scalar:
-    if isinstance(value, dict | list | tuple):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return value
 
 
 class ResultsStore:
@@ -280,8 +253,8 @@ class ResultsStore:
             )
             now = time.time()
             for record in records:
-                values: list[Scalar] = [record.key, stage, ref, now]
-                values += [_column_value(v) for v in record.data.values()]
+                columns, kinds = encode(record.data)
+                values: list[Scalar] = [record.key, stage, ref, now, kinds, *columns]
                 if db.execute(self._insert(record), values).rowcount == 0:
                     owner = db.execute(
                         f'SELECT _stage, _ref FROM "{record.type}" WHERE key = ?', (record.key,)
@@ -305,7 +278,7 @@ class ResultsStore:
         shape = (record.type, *record.data)
         sql = self._statements.get(shape)
         if sql is None:
-            names = ["key", "_stage", "_ref", "_updated", *record.data]
+            names = ["key", "_stage", "_ref", "_updated", KINDS, *record.data]
             columns_sql = ", ".join(f'"{n}"' for n in names)
             marks = ", ".join("?" * len(names))
             sql = (
@@ -329,12 +302,12 @@ class ResultsStore:
                 )
             db.execute(
                 f'CREATE TABLE IF NOT EXISTS "{record.type}" (key TEXT PRIMARY KEY,'
-                " _stage TEXT NOT NULL, _ref TEXT NOT NULL, _updated REAL NOT NULL)"
+                f" _stage TEXT NOT NULL, _ref TEXT NOT NULL, _updated REAL NOT NULL, {KINDS} TEXT)"
             )
             self._ensure_indexes(db, record.type)
             columns = [row[1] for row in db.execute(f'PRAGMA table_info("{record.type}")')]
             self._columns[record.type] = columns
-        for name in record.data:
+        for name in (KINDS, *record.data):  # tables of older stores have no KINDS
             if name not in columns:
                 try:
                     self._check_case(record, name, columns)
@@ -403,15 +376,19 @@ class ResultsStore:
 
     def columns(self, type_: str) -> list[str]:
         """The record's fields, `key` first, in the order they first appeared."""
+        return [c for c in self._table_columns(type_) if c not in _RESERVED or c == "key"]
+
+    def _table_columns(self, type_: str) -> list[str]:
         check_name(type_, "record type")
         with self._lock:
             info = self._db().execute(f'PRAGMA table_info("{type_}")').fetchall()
-        return [row[1] for row in info if row[1] not in _RESERVED or row[1] == "key"]
+        return [row[1] for row in info]
 
     def rows(
         self, type_: str, *, ref: str | None = None, stage: str | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Every record of `type_` (optionally those one stage wrote for one reference), by key.
+        """Every record of `type_` (optionally those one stage wrote for one reference), by key,
+        each field as written (lists, dicts, booleans) and None where a record lacks it.
 
         Read ROWS_PAGE records at a time, by key (the lock is not held between pages): memory
         stays flat however large the table, and records written meanwhile show up if their
@@ -443,20 +420,30 @@ class ResultsStore:
                     raise
                 page = cursor.fetchall()
             names = [d[0] for d in cursor.description]
-            shown = [i for i, n in enumerate(names) if n not in _RESERVED or n == "key"]
+            shown = [(i, n) for i, n in enumerate(names) if n not in _RESERVED or n == "key"]
+            read = row_reader(names, shown, lacking=True)
             for row in page:
-                yield {names[i]: row[i] for i in shown}
+                yield read(row)
             if len(page) < ROWS_PAGE:
                 return
             after = page[-1][names.index("key")]
 
     def column_kinds(self, type_: str) -> dict[str, set[str]]:
-        """The SQLite types (`integer`, `real`, `text`, `blob`) each field of `type_` holds
-        in some record (nulls left out): one pass over the table."""
-        columns = [c for c in self.columns(type_) if c != "key"]
+        """The kinds of value each field of `type_` holds in some record (None left out), in
+        one pass over the table: SQLite's types (`integer`, `real`, `text`, `blob`), and
+        `bool` and `json` (a list or dict) where `_kinds` notes them."""
+        table = self._table_columns(type_)
+        columns = [c for c in table if c not in _RESERVED]
         if not columns:
             return {"key": {"text"}}
-        kinds = ", ".join(f'group_concat(DISTINCT typeof("{c}"))' for c in columns)
+
+        def held(column: str) -> str:
+            sqlite_type = f'typeof("{column}")'
+            if KINDS not in table:
+                return sqlite_type
+            return f"coalesce(json_extract({KINDS}, '$.{column}'), {sqlite_type})"
+
+        kinds = ", ".join(f"group_concat(DISTINCT {held(c)})" for c in columns)
         with self._lock:
             try:
                 found = self._db().execute(f'SELECT {kinds} FROM "{type_}"').fetchone()
@@ -466,11 +453,12 @@ class ResultsStore:
                 raise
         out = {"key": {"text"}}
         for name, listed in zip(columns, found, strict=True):
-            out[name] = set((listed or "").split(",")) - {"", "null"}
+            out[name] = set((listed or "").split(",")) - {"", "null"}  # null: None given
         return out
 
     def records(self, stage: str, ref: str) -> list[Record]:
-        """What `stage` wrote for `ref`, as records (fields that are None are left out).
+        """What `stage` wrote for `ref`, as records, their fields as written (in a store from
+        before `_kinds`, nested values are their JSON text and fields that are None left out).
 
         Read in one read transaction, so from one snapshot: all of one run of `stage` over
         `ref`, never part of one and part of the next another process wrote meanwhile. It
@@ -498,10 +486,10 @@ class ResultsStore:
                         raise
                     names = [d[0] for d in cursor.description]
                     key = names.index("key")
-                    shown = [i for i, n in enumerate(names) if n not in _RESERVED]
+                    shown = [(i, n) for i, n in enumerate(names) if n not in _RESERVED]
+                    read = row_reader(names, shown, lacking=False)
                     for row in cursor:
-                        data = {names[i]: row[i] for i in shown if row[i] is not None}
-                        out.append(_stored(type_, row[key], data))
+                        out.append(_stored(type_, row[key], read(row)))
             finally:
                 if db.in_transaction:
                     db.execute("COMMIT")
