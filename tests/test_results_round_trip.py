@@ -5,11 +5,13 @@ SQLite files."""
 
 from __future__ import annotations
 
+import csv
 import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 import crawlq
@@ -152,6 +154,53 @@ async def test_the_next_stage_receives_what_the_stage_before_wrote(
         [{"tags": ["a", "b"]}, {"tags": ["x"]}]
     )
     pipeline.results.close()
+
+
+# -- exports ----------------------------------------------------------------------------------
+
+
+def test_jsonl_has_nested_json_and_booleans(store: ResultsStore, tmp_path: Path) -> None:
+    store.replace("parse", "u", [item("a", **WRITTEN), item("b", units=1)])
+    assert export(store, "item", tmp_path / "i.jsonl") == 2
+    lines = (tmp_path / "i.jsonl").read_text(encoding="utf-8").splitlines()
+    assert exactly([json.loads(line) for line in lines]) == exactly(
+        [{"key": "a", **WRITTEN}, {"key": "b", **dict.fromkeys(WRITTEN), "units": 1}]
+    )
+
+
+def test_csv_writes_nested_values_as_json_text_and_booleans_as_json_does(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    store.replace("parse", "u", [item("a", **WRITTEN)])
+    assert export(store, "item", tmp_path / "i.csv") == 1
+    with (tmp_path / "i.csv").open(encoding="utf-8", newline="") as file:
+        (row,) = list(csv.DictReader(file))
+    assert json.loads(row["tags"]) == ["a", "b"]
+    assert json.loads(row["price"]) == WRITTEN["price"]
+    assert (row["empty_list"], row["empty_dict"]) == ("[]", "{}")
+    assert (row["in_stock"], row["discontinued"], row["note"]) == ("true", "false", "")
+    assert (row["units"], row["weight"], row["looks_like_json"]) == ("3", "2.0", "[1, 2]")
+
+
+def test_parquet_has_boolean_columns_and_nested_values_as_json_text(
+    store: ResultsStore, tmp_path: Path
+) -> None:
+    store.replace("parse", "u", [item("a", tags=["a"], ok=True, flag=True, n=1, d={"k": [1]})])
+    store.replace("parse", "v", [item("b", tags=["b", "c"], ok=False, flag=2, n=2)])
+    assert export(store, "item", tmp_path / "i.parquet") == 2
+    table = pq.read_table(tmp_path / "i.parquet")
+    assert {f.name: str(f.type) for f in table.schema} == {
+        "key": "string",
+        "tags": "string",
+        "ok": "bool",
+        "flag": "string",  # booleans and numbers: a mixed field, text
+        "n": "int64",
+        "d": "string",
+    }
+    assert table.to_pylist() == [
+        {"key": "a", "tags": '["a"]', "ok": True, "flag": "true", "n": 1, "d": '{"k": [1]}'},
+        {"key": "b", "tags": '["b", "c"]', "ok": False, "flag": "2", "n": 2, "d": None},
+    ]
 
 
 # -- stores written before ----------------------------------------------------------------------

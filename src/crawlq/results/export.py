@@ -1,11 +1,14 @@
 """Exports a record type of the results store: JSON lines, CSV or Parquet, ordered by key.
 
 Records are read and written a page at a time, so an export of any size takes little memory.
-CSV cells that a spreadsheet would run as a formula (text starting with = + - @, a tab or a
-carriage return) are written with a leading single quote, as spreadsheets expect text to be
-marked; `escape_formulas=False` writes them as they are. In Parquet, a field that holds text
-in some records and numbers in others is a text column (the numbers written as JSON writes
-them); a field of integers and decimals is a float column.
+JSON lines hold each record as written: lists, dicts and booleans as JSON has them. In CSV,
+lists and dicts are cells of JSON text, booleans true and false. CSV cells that a spreadsheet
+would run as a formula (text starting with = + - @, a tab or a carriage return) are written
+with a leading single quote, as spreadsheets expect text to be marked; `escape_formulas=False`
+writes them as they are. In Parquet, a field of booleans is a boolean column, lists and dicts
+are JSON text, and a field that holds text in some records and numbers (or booleans) in
+others is a text column (the numbers written as JSON writes them); a field of integers and
+decimals is a float column.
 """
 
 from __future__ import annotations
@@ -78,14 +81,25 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
+def _json_text(value: Any) -> Any:
+    """Lists, dicts and booleans as JSON text (a CSV writer would write Python's repr)."""
+    if isinstance(value, bool | list | dict):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
 def _csv(rows: Iterator[dict[str, Any]], columns: list[str], path: Path, escape: bool) -> int:
     count = 0
     with path.open("w", encoding="utf-8", newline="") as out:
         # fields another process adds while this runs are left out, as they are of the header
         writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
+
+        def cell(value: Any) -> Any:
+            return csv_cell(_json_text(value)) if escape else _json_text(value)
+
         for row in rows:
-            writer.writerow({k: csv_cell(v) for k, v in row.items()} if escape else row)
+            writer.writerow({k: cell(v) for k, v in row.items()})
             count += 1
     return count
 
@@ -116,23 +130,26 @@ def _parquet(rows: Iterator[dict[str, Any]], kinds: dict[str, set[str]], path: P
 
 
 def _arrow_type(held: set[str]) -> Any:
-    """The column for a field holding these SQLite types: integers, floats (integers and
-    decimals), bytes, or text (text only, nothing but nulls, or a mix with text)."""
+    """The column for a field holding these kinds (see ResultsStore.column_kinds): integers,
+    floats (integers and decimals), booleans, bytes, or text (text only, lists and dicts,
+    nothing but nulls, or a mix)."""
     import pyarrow as pa
 
     kinds: dict[frozenset[str], Callable[[], Any]] = {
         frozenset({"integer"}): pa.int64,
         frozenset({"real"}): pa.float64,
         frozenset({"integer", "real"}): pa.float64,
+        frozenset({"bool"}): pa.bool_,
         frozenset({"blob"}): pa.binary,
     }
     return kinds.get(frozenset(held), pa.string)()
 
 
 def _text(value: Any) -> str | None:
-    """A value of a mixed field as text: numbers as JSON writes them."""
+    """A value of a text column that is not text (a mixed field, a list or dict) as JSON
+    writes it."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False)
