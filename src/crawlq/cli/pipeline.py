@@ -87,8 +87,9 @@ def export(app_spec: str, record_type: str, path: Path, format_: str | None) -> 
     """Write every RECORD_TYPE record of MODULE:APP's results store to PATH.
 
     In CSV, text starting with = + - @, a tab or a carriage return is written with a leading '
-    (a spreadsheet shows it as text instead of running it as a formula). In Parquet, a field
-    holding both text and numbers is a text column."""
+    (a spreadsheet shows it as text instead of running it as a formula). Lists and dicts are
+    JSON in JSON lines, JSON text in CSV and Parquet; booleans are true/false. In Parquet, a
+    field holding both text and numbers is a text column."""
     pipeline = _pipeline(app_spec)
     try:
         count = export_records(pipeline.results, record_type, path, format=format_)
