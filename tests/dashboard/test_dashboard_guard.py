@@ -3,6 +3,8 @@ subprocess (and, where only a browser tells, in Chromium): one section a defect 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.server
 import os
 import re
@@ -14,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
@@ -325,9 +327,19 @@ for status in range(200, 220):
 """
 
 
+@contextlib.contextmanager
+def held_alive(folder: Path, pids: Iterable[int]) -> Iterator[None]:
+    """The pids' alive locks held (see crawlq.observe.metrics), as their processes would."""
+    with contextlib.ExitStack() as held:
+        for pid in pids:
+            lock = held.enter_context((folder / f"alive_{pid}.lock").open("w"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def test_a_slow_metrics_merge_blocks_no_other_page(launch: Launch, tmp_path: Path) -> None:
-    # The files of many worker processes (dead ones are never removed): one written by a real
-    # prometheus-client, copied as if by other pids.
+    # The files of many live worker processes: one written by a real prometheus-client, copied
+    # as if by other pids.
     prom = tmp_path / "prom"
     prom.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom), "PYTHONPATH": str(ROOT / "src")}
@@ -337,8 +349,11 @@ def test_a_slow_metrics_merge_blocks_no_other_page(launch: Launch, tmp_path: Pat
     for pid in range(2, 1200):
         for path in written:
             shutil.copyfile(path, prom / path.name.replace("_1.db", f"_{pid}.db"))
-    board = launch(env={"PROMETHEUS_MULTIPROC_DIR": str(prom)})
+    with held_alive(prom, range(1, 1200)):
+        _merge_meanwhile(launch(env={"PROMETHEUS_MULTIPROC_DIR": str(prom)}))
 
+
+def _merge_meanwhile(board: Served) -> None:
     started = time.monotonic()
     scraped = board.request("/metrics", timeout=120)
     merge = time.monotonic() - started
