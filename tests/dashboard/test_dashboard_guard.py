@@ -175,13 +175,16 @@ def test_the_login_cookie_holds_no_token_and_a_raw_token_cookie_no_longer_passes
         assert board.request("/dead", headers={"Cookie": f"{TOKEN_COOKIE}={value}"}).status == 200
         page = board.request("/api/stats", headers={"Cookie": f"{TOKEN_COOKIE}={value}"})
         assert page.status == 200, "the login cookie authenticates"
-        expiry, mac = value.split(".")
+        expiry, name, mac = value.split(".")
         forged = [
-            f"{int(expiry) + 1}.{mac}",
-            f"{expiry}.{mac[:-1]}{'0' if mac[-1] != '0' else '1'}",
-            f"{expiry}.",
+            f"{int(expiry) + 1}.{name}.{mac}",
+            f"{expiry}.{name}.{mac[:-1]}{'0' if mac[-1] != '0' else '1'}",
+            f"{expiry}.{name[:-1]}{'0' if name[-1] != '0' else '1'}.{mac}",
+            f"{expiry}.{name}.",
+            f"{expiry}.{mac}",
             expiry,
-            f"{expiry}.{mac}é",
+            f"{expiry}.{name}.{mac}é",
+            f"{expiry}.{name}.{mac}.{mac}",
         ]
         for bad in forged:
             cookie = {"Cookie": f"{TOKEN_COOKIE}={bad}"}
@@ -420,3 +423,69 @@ def test_the_allowed_hosts_are_the_loopback_names_and_the_bound_address() -> Non
     assert allowed_hosts("localhost", LOOPBACK_HOSTS) == LOOPBACK_HOSTS
     assert allowed_hosts("0.0.0.0", LOOPBACK_HOSTS) is None, "off loopback the token guards it"
     assert allowed_hosts("192.0.2.1", LOOPBACK_HOSTS) is None
+
+
+# -- 7. logging out ----------------------------------------------------------------------------
+
+SESSION = "crawlq_session=" + "5" * 32
+
+
+def test_logging_out_needs_the_csrf_token_and_ends_the_login(launch: Launch) -> None:
+    board = launch()
+    login = board.request("/login", data=f"token={TOKEN}".encode(), bearer=False)
+    set_cookie = login.cookie(TOKEN_COOKIE)
+    assert login.status == 303 and set_cookie is not None
+    logged_in = {"Cookie": f"{set_cookie.split(';', 1)[0]}; {SESSION}"}
+    page = board.request("/", headers=logged_in, bearer=False)
+    form = re.search(r'<form method="post" action="/logout">.*?</form>', page.body, re.S)
+    csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', form.group(0) if form else "")
+    assert page.status == 200 and csrf is not None, "a logout button on every page"
+
+    for refused, headers in [
+        (b"", logged_in),
+        (b"csrf=" + b"0" * 64, logged_in),
+        (f"csrf={csrf.group(1)}".encode(), {**logged_in, "Origin": "http://evil.test"}),
+    ]:
+        reply = board.request("/logout", data=refused, headers=headers, bearer=False)
+        assert reply.status == 403 and reply.cookie(TOKEN_COOKIE) is None, refused
+    assert board.request("/", headers=logged_in, bearer=False).status == 200, "still logged in"
+
+    out = board.request(
+        "/logout", data=f"csrf={csrf.group(1)}".encode(), headers=logged_in, bearer=False
+    )
+    assert out.status == 303 and out.headers["location"] == "/"
+    cleared = out.cookie(TOKEN_COOKIE)
+    assert cleared is not None and cleared.startswith(f"{TOKEN_COOKIE}=;"), cleared
+    assert "Max-Age=0" in cleared and "HttpOnly" in cleared
+    assert board.request("/", headers=logged_in, bearer=False).status == 401, "a copy is void"
+    again = board.request("/login", data=f"token={TOKEN}".encode(), bearer=False)
+    cookie = again.cookie(TOKEN_COOKIE)
+    assert cookie is not None
+    renewed = {"Cookie": cookie.split(";", 1)[0]}
+    assert board.request("/", headers=renewed, bearer=False).status == 200
+
+
+def test_the_logout_button_in_chromium(launch: Launch) -> None:
+    board = launch()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(f"{board.base}/groups?token={TOKEN}")
+            page.get_by_role("button", name="Log out").click()
+            expect(page.get_by_text("needs its access token")).to_be_visible()
+            assert page.url == f"{board.base}/"
+            assert not [c for c in page.context.cookies() if c["name"] == TOKEN_COOKIE]
+            page.goto(f"{board.base}/groups")
+            expect(page.get_by_text("needs its access token")).to_be_visible()
+        finally:
+            browser.close()
+
+
+def test_logging_out_ends_that_login_only() -> None:
+    guard = Guard(TOKEN)
+    first, second = guard.login_cookie(), guard.login_cookie()
+    guard.log_out(first)
+    guard.log_out("not.a.login")
+    guard.log_out(None)
+    assert not guard.login_ok(first) and guard.login_ok(second)

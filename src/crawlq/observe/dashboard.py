@@ -214,6 +214,7 @@ class Dashboard:
             live_url=live,
             live=name not in STATIC_PAGES,
             csrf=self.guard.csrf_for(session),
+            logout=self.guard.token is not None,
             backend_url=redact(self.backend.url),
             **context,
         )

@@ -7,7 +7,9 @@ scripts) or the ``crawlq_token`` login cookie. Logging in (the form, or opening 
 and history) sets that cookie (HttpOnly, SameSite=Strict, LOGIN_SECONDS): an expiry and an HMAC
 of it under a secret made at start-up, never the token itself, since a browser sends the
 cookies of 127.0.0.1 to every port of it, so to any other local service too. Everything else
-gets 401 and a login form.
+gets 401 and a login form. Logging out (a POST to LOGOUT_PATH, an action like any other: see
+below) clears the cookie, voids it in this dashboard should a copy be sent again, and starts a
+new session, so the CSRF tokens of the pages still open are void too.
 
 Actions are POST forms carrying ``csrf``: an HMAC of the browser's session cookie under a
 secret made at start-up. Another site can make a browser post, but cannot read the token;
@@ -32,12 +34,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..errors import ConfigError
 
 #: The login cookie (named as when it held the token, so that logging in again replaces an old
-#: one): "<expiry>.<HMAC>", see Guard.login_cookie.
+#: one): "<expiry>.<login>.<HMAC>", see Guard.login_cookie.
 TOKEN_COOKIE = "crawlq_token"
 #: How long a login lasts.
 LOGIN_SECONDS = 12 * 3600
 SESSION_COOKIE = "crawlq_session"
 LOGIN_PATH = "/login"
+LOGOUT_PATH = "/logout"
 MAX_FORM_BYTES = 64 * 1024
 
 
@@ -86,6 +89,7 @@ class Guard:
     def __init__(self, token: str | None) -> None:
         self.token = check_token(token) if token is not None else None
         self.secret = secrets.token_bytes(32)
+        self._logged_out: dict[str, int] = {}  # login -> its expiry
 
     def csrf_for(self, session: str) -> str:
         return hmac.new(self.secret, session.encode(), hashlib.sha256).hexdigest()
@@ -109,26 +113,46 @@ class Guard:
             candidate.encode(), self.token.encode()
         )
 
-    def _login_mac(self, expiry: int) -> str:
-        message = f"login:{self.token}:{expiry}".encode()
+    def _login_mac(self, expiry: int, login: str) -> str:
+        message = f"login:{self.token}:{expiry}:{login}".encode()
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest()
 
     def login_cookie(self, lifetime: int = LOGIN_SECONDS) -> str:
         """The login cookie's value once the token was given: its expiry, `lifetime` seconds
-        from now, and an HMAC of it (and of the token) under this dashboard's secret."""
+        from now, a random name for this login (so that logging out ends this one only), and
+        an HMAC of both (and of the token) under this dashboard's secret."""
         expiry = int(time.time()) + lifetime
-        return f"{expiry}.{self._login_mac(expiry)}"
+        login = secrets.token_hex(8)
+        return f"{expiry}.{login}.{self._login_mac(expiry, login)}"
+
+    def _login_of(self, candidate: str | None) -> tuple[str, int] | None:
+        """(its login, its expiry) for a login cookie this dashboard made, not yet expired."""
+        parts = (candidate or "").split(".")
+        if len(parts) != 3:
+            return None
+        expiry, login, mac = parts
+        if not expiry.isascii() or not expiry.isdigit() or len(expiry) > 12:
+            return None
+        if int(expiry) <= time.time() or not login.isascii() or not login.isalnum():
+            return None
+        expected = self._login_mac(int(expiry), login).encode()
+        if not hmac.compare_digest(mac.encode("ascii", "replace"), expected):
+            return None
+        return login, int(expiry)
 
     def login_ok(self, candidate: str | None) -> bool:
-        """Whether `candidate` is a login cookie this dashboard made, not yet expired."""
-        expiry, _, mac = (candidate or "").partition(".")
-        if not expiry.isascii() or not expiry.isdigit() or len(expiry) > 12:
-            return False
-        if int(expiry) <= time.time():
-            return False
-        return hmac.compare_digest(
-            mac.encode("ascii", "replace"), self._login_mac(int(expiry)).encode()
-        )
+        """Whether `candidate` is a login cookie this dashboard made, not expired nor logged
+        out of."""
+        found = self._login_of(candidate)
+        return found is not None and found[0] not in self._logged_out
+
+    def log_out(self, cookie: str | None) -> None:
+        """Ends the login of `cookie` here: a copy of it, sent again, is refused."""
+        now = time.time()
+        self._logged_out = {login: e for login, e in self._logged_out.items() if e > now}
+        found = self._login_of(cookie)
+        if found is not None:
+            self._logged_out[found[0]] = found[1]
 
     def authorized(self, scope: Scope, jar: dict[str, str]) -> bool:
         if self.token is None:
@@ -200,6 +224,9 @@ class GuardMiddleware:
             if scope["path"] == LOGIN_PATH and scope["method"] == "POST":
                 await self._login(scope, receive, send, extra)
                 return
+            if scope["path"] == LOGOUT_PATH and scope["method"] == "POST":
+                await self._logout(scope, receive, send, jar, extra)
+                return
             query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
             if "token" in query and scope["method"] == "GET":
                 if self.guard.token_ok(query["token"]):
@@ -237,6 +264,20 @@ class GuardMiddleware:
         if not target.startswith("/") or target.startswith("//"):
             target = "/"
         await self._plain(send, 303, "", extra, location=target)
+
+    async def _logout(
+        self, scope: Scope, receive: Receive, send: Send, jar: dict[str, str], extra: list[str]
+    ) -> None:
+        form = await read_form(receive)
+        if form is None or not self.guard.csrf_ok(scope, form):
+            await self._plain(send, 403, "refused: missing or wrong CSRF token", extra)
+            return
+        self.guard.log_out(jar.get(TOKEN_COOKIE))
+        cleared = [
+            cookie_header(TOKEN_COOKIE, "", max_age=0),
+            cookie_header(SESSION_COOKIE, secrets.token_hex(16)),
+        ]
+        await self._plain(send, 303, "", cleared, location="/")
 
     async def _plain(
         self, send: Send, status: int, body: str, extra: list[str], location: str | None = None
