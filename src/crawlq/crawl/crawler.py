@@ -285,7 +285,19 @@ class Crawl:
         except FetchError as exc:
             ref = await _store_all(store, exc.responses)
             if exc.reason is Reason.OTHER_HOST:
-                queued = await self._hand_off(ctx, exc.url, depth)
+                redirects = int(element.get("redirects", 0)) + len(exc.responses)
+                limit = ctx.fetcher.settings.max_redirects
+                if redirects > limit:  # the chain so far, over every host it crossed
+                    exc = FetchError(
+                        Reason.TOO_MANY_REDIRECTS,
+                        url,
+                        f"more than {limit} redirects",
+                        responses=exc.responses,
+                    )
+                    self.stats.errors += 1
+                    records.write(_error_record(base, exc, ref, started, retry=False))
+                    return
+                queued = await self._hand_off(ctx, exc.url, depth, redirects)
                 self.stats.pages += 1
                 record = _error_record(base, exc, ref, started, retry=False)
                 records.write(replace(record, error=None, detail=None, links=1, queued=queued))
@@ -378,16 +390,19 @@ class Crawl:
 
         return check_hop
 
-    async def _hand_off(self, ctx: Context, target: str, depth: int) -> int:
+    async def _hand_off(self, ctx: Context, target: str, depth: int, redirects: int) -> int:
         """Queues `target`, where a redirect of a page at `depth` led, as a page of its own:
-        1 if it was new. Like a URL a redirect led to, it takes no page of the budget."""
+        1 if it was new. Like a URL a redirect led to, it takes no page of the budget; it
+        carries the count of `redirects` that led to it, which the redirect limit bounds
+        over every host a chain crosses (or a chain of new URLs bouncing between two hosts
+        would go on for ever, past the budget)."""
         known = self._known.of(ctx.backend)
         canonical = canonicalize(target)
         if canonical is None or canonical in known:
             return 0
         target = canonical
         await self.budget.waive([target])
-        element: JSON = {"url": target, "depth": depth}
+        element: JSON = {"url": target, "depth": depth, "redirects": redirects}
         result = await ctx.schedule_many(self.task, [element], only_if_new=True)
         self._known.add(ctx.backend, known, [target])
         return result.added

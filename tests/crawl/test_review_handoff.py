@@ -1,0 +1,56 @@
+"""A redirect to another host, handed back to the queue as a page of its own (crawler.py
+`_hand_off`): the redirect limit still holds over the hops that cross hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.testing import Site, SyntheticWeb, redirect
+
+from .conftest import crawl_settings, fetch_settings
+from .test_crawl import records_by_url
+
+HOPS = 60
+
+
+async def test_redirects_bouncing_between_two_hosts_stop_at_the_redirect_limit(
+    tmp_path: Path,
+) -> None:
+    """a.test/hop/n redirects to b.test/hop/n+1 and b.test/hop/n to a.test/hop/n+1, each a
+    new URL: followed in place the chain met the redirect limit; handed from host to host,
+    each hop a page of its own, it must meet it too, budget or no budget."""
+    sites = [Site(name="a.test", pages=0), Site(name="b.test", pages=0)]
+    async with SyntheticWeb(sites) as net:
+        for n in range(HOPS):
+            for here, there in (("a.test", "b.test"), ("b.test", "a.test")):
+                net.sites[here].routes[f"/hop/{n}"] = redirect(net.url(there, f"/hop/{n + 1}"))
+        settings = crawl_settings(
+            net, tmp_path, max_pages=3, fetch=fetch_settings(net, max_redirects=4)
+        )
+        crawl = Crawl(settings)
+        await crawl.run([net.url("a.test", "/hop/0")], concurrency=4)
+        fetched = net.hits_for("a.test", pages_only=True) + net.hits_for("b.test", pages_only=True)
+    # The seed and 4 redirects are fetched; the fifth is refused, recorded as too many.
+    assert len(fetched) == 5
+    records = records_by_url(tmp_path)
+    assert len(records) == 5
+    (last,) = records[net.url("a.test", "/hop/4")]  # its redirect would be the fifth
+    assert last["error"] == "too_many_redirects"
+    assert last["queued"] == 0
+
+
+async def test_a_redirect_loop_between_two_hosts_fetches_each_url_once(tmp_path: Path) -> None:
+    """a.test/x -> b.test/y -> a.test/x: each a page of its own, each fetched once, and the
+    crawl ends (a URL already seen is not queued again)."""
+    sites = [Site(name="a.test", pages=0), Site(name="b.test", pages=0)]
+    async with SyntheticWeb(sites) as net:
+        net.sites["a.test"].routes["/x"] = redirect(net.url("b.test", "/y"))
+        net.sites["b.test"].routes["/y"] = redirect(net.url("a.test", "/x"))
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        await crawl.run([net.url("a.test", "/x")], concurrency=4)
+        fetched = net.hits_for("a.test", pages_only=True) + net.hits_for("b.test", pages_only=True)
+    assert sorted(hit.path for hit in fetched) == ["/x", "/y"]
+    records = records_by_url(tmp_path)
+    assert [r["queued"] for r in records[net.url("a.test", "/x")]] == [1]
+    assert [r["queued"] for r in records[net.url("b.test", "/y")]] == [0]
