@@ -496,7 +496,11 @@ class Fetcher:
             seen = generations.get(expired.domain, expired.generation)
             await _login_for(url, expired.ensure_login(seen))
             response = await send()
-            if expired.login.expired(response):  # forbidden, not logged out: no login per fetch
+            login = expired.login
+            if any(  # forbidden, not logged out: no login per fetch
+                self.session(answer.url) is expired and login.expired(answer)
+                for answer in response.chain
+            ):
                 if len(expired.futile) >= MAX_FUTILE_URLS:
                     expired.futile.clear()
                 expired.futile[url] = time.monotonic() + FUTILE_LOGIN_QUIET
@@ -509,16 +513,18 @@ class Fetcher:
         return {domain: s.generation for domain, s in self._sessions.items() if s.login}
 
     def _expired_session(self, url: str, response: Response) -> Session | None:
-        """The first session with a login, among those `response`'s hops went with, whose
-        login says it came back logged out; None while such answers to `url` are taken as
-        they are (FUTILE_LOGIN_QUIET)."""
+        """The session of the first of `response`'s hops whose login says its answer (with
+        the redirects before it) came back logged out; None while such answers to `url` are
+        taken as they are (FUTILE_LOGIN_QUIET). Each session is judged by its own hop: the
+        whole chain would have a.test's session, first on a.test/go -> b.test/members, log
+        in again for b.test's login page."""
         if not self._logins:
             return None
         now = time.monotonic()
-        for hop in dict.fromkeys(answer.url for answer in response.chain):
-            session = self.session(hop)
+        for answer in response.chain:  # each hop's answer holds the hops before it
+            session = self.session(answer.url)
             login = session.login
-            if login is not None and login.expired(response):
+            if login is not None and login.expired(answer):
                 return session if now >= session.futile.get(url, 0.0) else None
         return None
 
