@@ -45,7 +45,8 @@ INLINE_ROBOTS_CHARS = 64 * 1024
 #: Rules with a wildcard (* or $) protego matches one by one; more than this many and a match
 #: could take milliseconds (`Rules.costly`).
 MAX_CHEAP_PATTERNS = 1_000
-_PATTERN_RULE = re.compile(r"^[ \t]*(?:dis)?allow[ \t]*:[^\n*$]*[*$]", re.IGNORECASE | re.MULTILINE)
+#: A line of robots.txt that is no rule, wildcard or not (protego drops a user agent's *).
+_USER_AGENT_LINE = re.compile(r"\s*user[\s-]*agent", re.IGNORECASE)
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
 UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
 #: A site paused until its unreachable robots.txt expires is claimed again a little after,
@@ -216,9 +217,23 @@ class RobotsCache:
 def _parse(text: str) -> tuple[Protego, bool]:
     """The rules of `text`, and whether they are costly: over MAX_CHEAP_PATTERNS of them
     have a wildcard."""
-    found = _PATTERN_RULE.finditer(text)
-    patterns = sum(1 for _ in itertools.islice(found, MAX_CHEAP_PATTERNS + 1))
-    return Protego.parse(text), patterns > MAX_CHEAP_PATTERNS
+    return Protego.parse(text), _wildcard_lines(text) > MAX_CHEAP_PATTERNS
+
+
+def _wildcard_lines(text: str) -> int:
+    """How many lines of `text` may be a rule with a wildcard (up to one past
+    MAX_CHEAP_PATTERNS), its lines and comments read as protego reads them (str.splitlines
+    ends a line at a lone CR, a form feed or U+2028 too): any line with a * or $ but a user agent's,
+    so that no spelling protego takes for a rule (``Dissallow: /*x``, ``Disallow /*x``, a
+    leading no-break space) goes uncounted and is matched on the event loop."""
+    wild = (
+        line
+        for line in text.splitlines()
+        if ("*" in line or "$" in line)
+        and any(mark in line.partition("#")[0] for mark in "*$")
+        and not _USER_AGENT_LINE.match(line)
+    )
+    return sum(1 for _ in itertools.islice(wild, MAX_CHEAP_PATTERNS + 1))
 
 
 def refusal(url: str) -> FetchError:
