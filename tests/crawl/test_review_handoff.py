@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.scope import Scope
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect
 
 from .conftest import crawl_settings, fetch_settings
@@ -54,3 +57,23 @@ async def test_a_redirect_loop_between_two_hosts_fetches_each_url_once(tmp_path:
     records = records_by_url(tmp_path)
     assert [r["queued"] for r in records[net.url("a.test", "/x")]] == [1]
     assert [r["queued"] for r in records[net.url("b.test", "/y")]] == [0]
+
+
+@pytest.mark.parametrize(
+    ("location", "domains"), [("http://1.2.3.4.5/", False), ("http://x%zz.a.test/", True)]
+)
+async def test_a_redirect_to_a_host_no_host_name_has_is_a_bad_response(
+    tmp_path: Path, location: str, domains: bool
+) -> None:
+    """A hop whose host cannot be read (an IPv4 address of five numbers, a bad escape) was
+    let through by the scope (no domains, or a host read loosely) and then broke the hop
+    check with InvalidElement: the page failed as a task, attempt after attempt, to a dead
+    letter. It is a bad answer of the page, recorded once."""
+    async with SyntheticWeb([Site(name="a.test", pages=0)]) as net:
+        net.sites["a.test"].routes["/go"] = redirect(location)
+        scope = Scope(domains=("a.test",)) if domains else Scope()
+        settings = crawl_settings(net, tmp_path, scope=scope)
+        stats = await Crawl(settings).run([net.url("a.test", "/go")])
+    (record,) = records_by_url(tmp_path)[net.url("a.test", "/go")]
+    assert (record["error"], record["status"], record["retry"]) == ("bad_response", 302, False)
+    assert stats.dead == 0

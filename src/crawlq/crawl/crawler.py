@@ -18,7 +18,7 @@ from typing import Any
 from ..app import App
 from ..backends import Backend
 from ..context import BROWSER, FETCHER, POLITENESS, Context
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidElement
 from ..grouping import NO_GROUP, group_of, url_host
 from ..retry import Retry
 from ..tasks import Task
@@ -385,7 +385,13 @@ class Crawl:
 
         def check_hop(hop: str) -> None:
             check(hop)
-            if hop != url and url_host(hop) != host:
+            if hop == url:
+                return
+            try:
+                hop_host = url_host(hop)
+            except InvalidElement as exc:  # the scope reads hosts more loosely, or not at all
+                raise FetchError(Reason.BAD_RESPONSE, url, f"a redirect to {exc.reason}") from exc
+            if hop_host != host:
                 raise FetchError(Reason.OTHER_HOST, hop, "queued as a page of its own")
 
         return check_hop
