@@ -9,7 +9,8 @@ import pytest
 
 from crawlq.crawl.crawler import Crawl
 from crawlq.crawl.scope import Scope
-from crawlq.crawl.testing import Site, SyntheticWeb, redirect
+from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
+from crawlq.crawl.testing.sites import page_html
 
 from .conftest import crawl_settings, fetch_settings
 from .test_crawl import records_by_url
@@ -77,3 +78,16 @@ async def test_a_redirect_to_a_host_no_host_name_has_is_a_bad_response(
     (record,) = records_by_url(tmp_path)[net.url("a.test", "/go")]
     assert (record["error"], record["status"], record["retry"]) == ("bad_response", 302, False)
     assert stats.dead == 0
+
+
+async def test_the_hops_on_the_way_to_another_host_count_as_fetched(tmp_path: Path) -> None:
+    """a.test/x -> a.test/y -> b.test/z: /y was fetched on the way, as when the chain was
+    followed to its end, so the link to it that b.test/z holds is not fetched again."""
+    sites = [Site(name="a.test", pages=0), Site(name="b.test", pages=0)]
+    async with SyntheticWeb(sites) as net:
+        net.sites["a.test"].routes["/x"] = redirect("/y")
+        net.sites["a.test"].routes["/y"] = redirect(net.url("b.test", "/z"))
+        net.sites["b.test"].routes["/z"] = respond(200, page_html("z", [net.url("a.test", "/y")]))
+        await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test", "/x")])
+    assert [hit.path for hit in net.hits_for("a.test", pages_only=True)] == ["/x", "/y"]
+    assert [hit.path for hit in net.hits_for("b.test", pages_only=True)] == ["/z"]

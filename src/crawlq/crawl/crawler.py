@@ -297,6 +297,8 @@ class Crawl:
                     self.stats.errors += 1
                     records.write(_error_record(base, exc, ref, started, retry=False))
                     return
+                if len(exc.responses) > 1:  # hops on its own host on the way: fetched
+                    await self._mark_fetched(ctx, url, depth, exc.responses[-1])
                 queued = await self._hand_off(ctx, exc.url, depth, redirects)
                 self.stats.pages += 1
                 record = _error_record(base, exc, ref, started, retry=False)
