@@ -9,6 +9,7 @@ import pytest
 
 from crawlq.crawl.fetcher import Fetcher, credential
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect
+from crawlq.observe.logs import redact, secret_name
 
 from .conftest import fetch_settings
 
@@ -54,3 +55,18 @@ async def test_secret_headers_stay_behind_and_plain_ones_go_on(net: SyntheticWeb
 )
 def test_the_usual_secret_headers_are_credentials(name: str) -> None:
     assert credential(name)
+
+
+def test_logs_mask_what_the_fetcher_keeps_from_another_origin() -> None:
+    """One judge of secret names serves both: a value the fetcher would not carry to another
+    origin is masked in a log line too."""
+    query = (
+        "https://a.test/?x-auth-key=K&access_key=AK&private_key=PK&passphrase=P&AWSAccessKeyId=A"
+    )
+    assert redact(query) == (
+        "https://a.test/?x-auth-key=***&access_key=***&private_key=***&passphrase=***"
+        "&AWSAccessKeyId=***"
+    )
+    kept = "https://a.test/?author=x&keyword=k&monkey=m&bypass=b&q=tokenless"
+    assert redact(kept) == kept
+    assert all(secret_name(name) for name in SECRETS)

@@ -18,7 +18,6 @@ import contextlib
 import errno
 import functools
 import itertools
-import re
 import resource
 import socket
 import ssl
@@ -110,24 +109,14 @@ BODY_HEADERS = frozenset(
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
-#: Words that make a header a credential wherever they stand in its name: X-Auth-Key and
-#: X-Auth-Email (Cloudflare), X-Storage-Pass (Swift), Ocp-Apim-Subscription-Key (Azure).
-_CREDENTIAL_WORDS = frozenset({"auth", "key", "pass", "pwd", "sid", "sig", "authentication"})
-_NAME_WORDS = re.compile(r"[-_.]")
-
-
 def credential(name: str) -> bool:
-    """Whether a header called `name` carries credentials: one of CREDENTIAL_HEADERS, named
-    as a secret (`secret_name`: X-Api-Key, X-Session-Id), or with a word of _CREDENTIAL_WORDS
-    in its name. An Accept-* header asks for something (Accept-Signature): it holds none."""
+    """Whether a header called `name` carries credentials: one of CREDENTIAL_HEADERS, or
+    named as a secret (`secret_name`: X-Api-Key, X-Session-Id, X-Auth-Key). An Accept-*
+    header asks for something (Accept-Signature, a signed answer): it holds none."""
     lowered = name.lower()
     if lowered in CREDENTIAL_HEADERS:
         return True
-    if lowered.startswith("accept-"):
-        return False
-    return secret_name(lowered) or any(
-        word in _CREDENTIAL_WORDS or secret_name(word) for word in _NAME_WORDS.split(lowered)
-    )
+    return not lowered.startswith("accept-") and secret_name(lowered)
 
 
 def body_header(name: str) -> bool:

@@ -56,9 +56,12 @@ _NAMED_VALUE = re.compile(
 )
 _SECRET_WORDS = (
     "password", "passwd", "secret", "token", "apikey", "api_key", "api-key", "credential",
-    "session", "sessid", "signature",
+    "session", "sessid", "signature", "passphrase", "passcode", "accesskey", "privatekey",
+    "authoriz", "authentic",
 )  # fmt: skip
+#: Secret as a name, or as one word of a name (X-Auth-Key, access_key, X-Storage-Pass).
 _SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid", "auth"})
+_NAME_WORDS = re.compile(r"[-_.]")
 _SECRET_STARTS = ("auth_", "auth-", "authorization")  # not author=...
 #: Cookies and API keys in headers written out, to the end of the line (or of the quotes).
 _SECRET_HEADER = re.compile(
@@ -106,6 +109,7 @@ def secret_name(name: str) -> bool:
         lowered in _SECRET_NAMES
         or lowered.startswith(_SECRET_STARTS)
         or any(word in lowered for word in _SECRET_WORDS)
+        or any(word in _SECRET_NAMES for word in _NAME_WORDS.split(lowered))
     )
 
 
