@@ -30,6 +30,15 @@ def answer(text: str) -> Response:
     )
 
 
+def cache_of(text: str) -> RobotsCache:
+    """A cache whose every robots.txt answers `text`."""
+
+    async def fetch(url: str) -> Response:
+        return answer(text)
+
+    return RobotsCache(fetch, AGENT, ttl=60.0)
+
+
 def rules_text(line: str, separator: str, *, head: str = "User-agent: *") -> str:
     rules = [line.format(n=n) for n in range(MAX_CHEAP_PATTERNS + 1)]
     return separator.join([head, "Disallow: /page/1", *rules, ""])
@@ -58,10 +67,7 @@ async def test_wildcard_rules_count_however_their_lines_are_written(
     assert not parser.can_fetch(URL, AGENT)  # protego reads the file's rules
     assert parser.can_fetch("http://a.test/page/2", AGENT)
 
-    async def fetch(url: str) -> Response:
-        return answer(text)
-
-    cache = RobotsCache(fetch, AGENT, ttl=60.0)
+    cache = cache_of(text)
     rules = await cache.rules(URL)
     assert rules.costly
     assert not cache.disallows(URL)  # not matched one link at a time on the loop
@@ -70,10 +76,7 @@ async def test_wildcard_rules_count_however_their_lines_are_written(
 async def test_a_user_agent_line_with_a_wildcard_is_no_rule() -> None:
     text = "\n".join(["User-agent: *"] * (MAX_CHEAP_PATTERNS + 5) + ["Disallow: /page/1", ""])
 
-    async def fetch(url: str) -> Response:
-        return answer(text)
-
-    cache = RobotsCache(fetch, AGENT, ttl=60.0)
+    cache = cache_of(text)
     assert not (await cache.rules(URL)).costly
     assert cache.disallows(URL)
 
@@ -87,10 +90,7 @@ async def test_many_plain_rules_are_costly_too() -> None:
     parser = Protego.parse(text)
     assert not parser.can_fetch(URL, AGENT)
 
-    async def fetch(url: str) -> Response:
-        return answer(text)
-
-    cache = RobotsCache(fetch, AGENT, ttl=60.0)
+    cache = cache_of(text)
     assert (await cache.rules(URL)).costly
     assert not cache.disallows(URL)
 
@@ -100,9 +100,6 @@ async def test_a_few_thousand_plain_rules_and_sitemaps_are_cheap() -> None:
     sitemaps = [f"Sitemap: http://a.test/s{n}.xml" for n in range(MAX_CHEAP_RULES)]
     text = "\n".join(["User-agent: *", "Disallow: /page/1", *plain, *sitemaps, ""])
 
-    async def fetch(url: str) -> Response:
-        return answer(text)
-
-    cache = RobotsCache(fetch, AGENT, ttl=60.0)
+    cache = cache_of(text)
     assert not (await cache.rules(URL)).costly
     assert cache.disallows(URL)
