@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from crawlq.backends import open_backend
 from crawlq.crawl.crawler import Crawl
+from crawlq.crawl.errors import FetchError, Reason
+from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
 from crawlq.crawl.testing.sites import page_html
@@ -91,3 +95,22 @@ async def test_the_hops_on_the_way_to_another_host_count_as_fetched(tmp_path: Pa
         await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test", "/x")])
     assert [hit.path for hit in net.hits_for("a.test", pages_only=True)] == ["/x", "/y"]
     assert [hit.path for hit in net.hits_for("b.test", pages_only=True)] == ["/z"]
+
+
+async def test_a_user_tasks_polite_fetch_of_a_redirect_to_a_host_no_host_name_has_fails_as_data(
+    tmp_path: Path,
+) -> None:
+    """The same hop outside the crawler (a task's `ctx.fetch`, through Politeness.fetch):
+    a FetchError of the page, not InvalidElement out of the fetch."""
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    try:
+        async with SyntheticWeb([Site(name="a.test", pages=0)]) as net:
+            net.sites["a.test"].routes["/go"] = redirect("http://1.2.3.4.5/")
+            async with Fetcher(fetch_settings(net)) as fetcher:
+                with pytest.raises(FetchError) as caught:
+                    await Politeness(backend).fetch(fetcher, net.url("a.test", "/go"))
+    finally:
+        await backend.close()
+    assert caught.value.reason is Reason.BAD_RESPONSE
+    assert caught.value.url == net.url("a.test", "/go")

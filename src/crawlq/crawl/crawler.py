@@ -18,7 +18,7 @@ from typing import Any
 from ..app import App
 from ..backends import Backend
 from ..context import BROWSER, FETCHER, POLITENESS, Context
-from ..errors import ConfigError, InvalidElement
+from ..errors import ConfigError
 from ..grouping import NO_GROUP, group_of, url_host
 from ..retry import Retry
 from ..tasks import Task
@@ -29,7 +29,7 @@ from .budget import PageBudget
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .fetcher import Fetcher, Login
 from .page_reader import PageReader
-from .politeness import Backoff, Politeness
+from .politeness import Backoff, Politeness, hop_host
 from .records import JsonlWriter, PageRecord
 from .response import Response
 from .robots import refusal
@@ -389,11 +389,7 @@ class Crawl:
             check(hop)
             if hop == url:
                 return
-            try:
-                hop_host = url_host(hop)
-            except InvalidElement as exc:  # the scope reads hosts more loosely, or not at all
-                raise FetchError(Reason.BAD_RESPONSE, url, f"a redirect to {exc.reason}") from exc
-            if hop_host != host:
+            if hop_host(url, hop) != host:
                 raise FetchError(Reason.OTHER_HOST, hop, "queued as a page of its own")
 
         return check_hop

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends import Backend
-from ..errors import BackendError
+from ..errors import BackendError, InvalidElement
 from ..grouping import url_host
 from ..limits import RuleIndex
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
@@ -451,7 +451,7 @@ class Politeness:
         first = group or url_host(url)
 
         def group_of(hop: str) -> str:
-            return first if hop == url else url_host(hop)
+            return first if hop == url else hop_host(url, hop)
 
         async def check(hop: str) -> None:
             if scope is not None:
@@ -553,3 +553,12 @@ class Politeness:
 
 
 __all__ = ["Backoff", "Politeness", "Reason", "retry_after"]
+
+
+def hop_host(url: str, hop: str) -> str:
+    """The host of `hop`, a URL a redirect of `url` led to; a bad response of `url` when it
+    has no host name (a scope reads hosts more loosely, or not at all)."""
+    try:
+        return url_host(hop)
+    except InvalidElement as exc:
+        raise FetchError(Reason.BAD_RESPONSE, url, f"a redirect to {exc.reason}") from exc
