@@ -9,6 +9,10 @@ as UTF-8 HTML, for the document's URL (`Rendition`). Each record is built in mem
 so one that cannot be written leaves nothing behind in the file and fails alone. Credentials
 are left out (redact.py): the userinfo of WARC-Target-URI, and the values of Set-Cookie,
 Cookie and Authorization headers.
+
+A record is read back (`read_record`, `read_rendition`) whole or not at all: one whose file is
+missing, cut off (a kill in the middle of its write, a damaged disk) or holds something else
+at its offset raises `UnreadableRecord` (a CrawlqError) naming the file and the offset.
 """
 
 from __future__ import annotations
@@ -29,8 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from warcio.archiveiterator import ArchiveIterator
+from warcio.exceptions import ArchiveLoadFailed
+from warcio.recordloader import ArcWarcRecord
 from warcio.warcwriter import WARCWriter
 
+from ..errors import CrawlqError
 from .decoding import decode_content, decode_text
 from .redact import redact_header, redact_url
 from .response import _CHARSET, Response
@@ -387,37 +394,70 @@ def _warcinfo(name: str) -> bytes:
     return buffer.getvalue()
 
 
+class UnreadableRecord(CrawlqError):
+    """A stored record cannot be read back: its file is missing or unreadable, or the bytes
+    at its offset are not one whole record of the kind asked for (cut off, or another's)."""
+
+    def __init__(self, directory: Path, ref: RecordRef, problem: str) -> None:
+        super().__init__(f"WARC record {directory / ref.file} at {ref.offset}: {problem}")
+        self.ref = ref
+
+
 def read_rendition(directory: Path, ref: RecordRef) -> Rendition:
     """The conversion record at `ref` (a rendered DOM), read without scanning the file."""
-    with open(directory / ref.file, "rb") as file:
-        file.seek(ref.offset)
-        for record in ArchiveIterator(file):
-            headers = record.rec_headers
-            date = headers.get_header("WARC-Date")
-            fetched = datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-            return Rendition(
-                url=headers.get_header("WARC-Target-URI"),
-                final_url=headers.get_header("WARC-Refers-To-Target-URI") or "",
-                html=record.raw_stream.read().decode("utf-8", "replace"),
-                fetched_at=fetched.timestamp(),
-            )
-    raise ValueError(f"no WARC record at {ref.file}:{ref.offset}")
+    record = _record_at(directory, ref, "conversion")
+    headers = record.rec_headers
+    return Rendition(
+        url=headers.get_header("WARC-Target-URI"),
+        final_url=headers.get_header("WARC-Refers-To-Target-URI") or "",
+        html=record.raw_stream.read().decode("utf-8", "replace"),
+        fetched_at=_fetched_at(record),
+    )
 
 
 def read_record(directory: Path, ref: RecordRef) -> StoredResponse:
     """The response record at `ref`, read without scanning the file."""
-    with open(directory / ref.file, "rb") as file:
-        file.seek(ref.offset)
-        for record in ArchiveIterator(file):
-            http = record.http_headers
-            status = int(http.get_statuscode())
-            date = record.rec_headers.get_header("WARC-Date")
-            fetched = datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-            return StoredResponse(
-                url=record.rec_headers.get_header("WARC-Target-URI"),
-                status=status,
-                headers=tuple((str(k), str(v)) for k, v in http.headers),
-                raw=record.raw_stream.read(),
-                fetched_at=fetched.timestamp(),
-            )
-    raise ValueError(f"no WARC record at {ref.file}:{ref.offset}")
+    record = _record_at(directory, ref, "response")
+    http = record.http_headers
+    return StoredResponse(
+        url=record.rec_headers.get_header("WARC-Target-URI"),
+        status=int(http.get_statuscode()),
+        headers=tuple((str(k), str(v)) for k, v in http.headers),
+        raw=record.raw_stream.read(),
+        fetched_at=_fetched_at(record),
+    )
+
+
+def _record_at(directory: Path, ref: RecordRef, kind: str) -> ArcWarcRecord:
+    """The record of type `kind` at `ref`, once its bytes are checked to be one whole gzip
+    member: warcio reads a record cut off by a kill or a damaged disk as a shorter one."""
+    try:
+        with open(directory / ref.file, "rb") as file:
+            file.seek(ref.offset)
+            member = file.read(ref.length)
+    except OSError as exc:
+        raise UnreadableRecord(directory, ref, exc.strerror or str(exc)) from None
+    if len(member) < ref.length:
+        problem = f"cut off: the file ends {len(member)} of its {ref.length} bytes in"
+        raise UnreadableRecord(directory, ref, problem)
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    try:
+        data = inflater.decompress(member, MAX_STORED_BODY + (1 << 20))
+    except zlib.error as exc:
+        raise UnreadableRecord(directory, ref, f"not a whole gzip member: {exc}") from None
+    if not inflater.eof or inflater.unused_data:
+        problem = f"not a whole gzip member in its {ref.length} bytes (cut off or damaged)"
+        raise UnreadableRecord(directory, ref, problem)
+    try:
+        record = next(iter(ArchiveIterator(BytesIO(data))), None)
+    except ArchiveLoadFailed as exc:
+        raise UnreadableRecord(directory, ref, f"not a WARC record ({exc})") from None
+    if record is None or record.rec_type != kind:
+        found = "nothing" if record is None else f"a {record.rec_type} record"
+        raise UnreadableRecord(directory, ref, f"{found}, not a {kind} record")
+    return record
+
+
+def _fetched_at(record: ArcWarcRecord) -> float:
+    date = record.rec_headers.get_header("WARC-Date")
+    return datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()

@@ -1,0 +1,79 @@
+"""What a kill leaves behind, read back: a record is returned whole or not at all (a cut-off
+one raises UnreadableRecord, never a shorter body), and a crawl killed mid-way and run again
+keeps every acknowledged page's record in the WARC files, their index and pages.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from crawlq.crawl.warc import (
+    RecordRef,
+    Rendition,
+    RotatingWarcWriter,
+    UnreadableRecord,
+    read_record,
+    read_rendition,
+)
+
+from .test_warc_faults import page
+
+
+def written(directory: Path, count: int) -> list[RecordRef]:
+    writer = RotatingWarcWriter(directory, max_file_bytes=1 << 20)
+    refs = [writer.write(page(n)) for n in range(count)]
+    writer.close()
+    return refs
+
+
+def test_a_record_cut_off_by_a_kill_is_refused_not_read_short(tmp_path: Path) -> None:
+    *whole, last = written(tmp_path, 3)
+    path = tmp_path / last.file
+    with open(path, "r+b") as file:
+        file.truncate(last.offset + last.length - 30)  # as a kill in the middle of its write
+
+    assert [read_record(tmp_path, ref).raw for ref in whole] == [page(0).raw, page(1).raw]
+    with pytest.raises(UnreadableRecord, match=f"{path} at {last.offset}: cut off"):
+        read_record(tmp_path, last)
+
+
+def test_a_record_damaged_inside_is_refused(tmp_path: Path) -> None:
+    _, ref = written(tmp_path, 2)
+    path = tmp_path / ref.file
+    data = bytearray(path.read_bytes())
+    data[ref.offset + ref.length - 5] ^= 0xFF  # its gzip trailer's CRC
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        UnreadableRecord, match=r"not a whole gzip member: .*incorrect data check"
+    ):
+        read_record(tmp_path, ref)
+
+
+def test_reading_where_no_record_is_says_what_is_wrong(tmp_path: Path) -> None:
+    (ref,) = written(tmp_path, 1)
+    with pytest.raises(UnreadableRecord, match=r"missing\.warc\.gz at 0: No such file"):
+        read_record(tmp_path, RecordRef(file="missing.warc.gz", offset=0, length=10))
+    with pytest.raises(
+        UnreadableRecord, match=r"not a whole gzip member: .*incorrect header check"
+    ):
+        read_record(tmp_path, RecordRef(file=ref.file, offset=ref.offset + 1, length=10))
+    with pytest.raises(UnreadableRecord, match="the file ends 0 of its"):
+        read_record(tmp_path, RecordRef(file=ref.file, offset=1 << 20, length=ref.length))
+    with pytest.raises(UnreadableRecord, match="a response record, not a conversion record"):
+        read_rendition(tmp_path, ref)
+    info = RecordRef(file=ref.file, offset=0, length=ref.offset)
+    with pytest.raises(UnreadableRecord, match="a warcinfo record, not a response record"):
+        read_record(tmp_path, info)
+
+
+def test_records_on_both_sides_of_a_rotation_read_back(tmp_path: Path) -> None:
+    writer = RotatingWarcWriter(tmp_path, max_file_bytes=1500)
+    rendition = Rendition(url=page(0).url, final_url=page(0).url, html="<p>é</p>", fetched_at=1.0)
+    refs = [writer.write(page(n)) for n in range(6)]
+    drawn = writer.write(rendition)
+    writer.close()
+
+    assert len({ref.file for ref in refs}) > 1
+    assert [read_record(tmp_path, ref).raw for ref in refs] == [page(n).raw for n in range(6)]
+    assert read_rendition(tmp_path, drawn) == rendition
