@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from crawlq.crawl.records import JsonlWriter, PageRecord, read_records
 from crawlq.crawl.warc import (
     RecordRef,
     Rendition,
@@ -44,9 +45,7 @@ def test_a_record_damaged_inside_is_refused(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[ref.offset + ref.length - 5] ^= 0xFF  # its gzip trailer's CRC
     path.write_bytes(bytes(data))
-    with pytest.raises(
-        UnreadableRecord, match=r"not a whole gzip member: .*incorrect data check"
-    ):
+    with pytest.raises(UnreadableRecord, match=r"not a whole gzip member: .*incorrect data check"):
         read_record(tmp_path, ref)
 
 
@@ -77,3 +76,47 @@ def test_records_on_both_sides_of_a_rotation_read_back(tmp_path: Path) -> None:
     assert len({ref.file for ref in refs}) > 1
     assert [read_record(tmp_path, ref).raw for ref in refs] == [page(n).raw for n in range(6)]
     assert read_rendition(tmp_path, drawn) == rendition
+
+
+def page_record(n: int, title: str = "page") -> PageRecord:
+    return PageRecord(url=f"http://site.test/page/{n}", depth=0, attempt=1, status=200, title=title)
+
+
+def write_lines(path: Path, *records: PageRecord) -> None:
+    writer = JsonlWriter(path)
+    try:
+        for record in records:
+            writer.write(record)
+    finally:
+        writer.close()
+
+
+def test_the_line_a_killed_process_left_unfinished_does_not_take_the_next_run_s_first(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "pages.jsonl"
+    write_lines(path, page_record(1))
+    with open(path, "ab") as file:  # as a kill in the middle of the write of page 2's line
+        file.write(page_record(2).to_json().encode()[:20])
+
+    write_lines(path, page_record(3))  # the crawl run again
+    write_lines(path, page_record(4))
+
+    assert [r["url"] for r in read_records(path)] == [page_record(n).url for n in (1, 3, 4)]
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 4  # the part, on a line of its own; no empty line
+
+
+def test_a_line_cut_in_the_middle_of_a_character_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "pages.jsonl"
+    write_lines(path, page_record(1, "café"))
+    line = page_record(2, "é" * 8).to_json().encode()
+    with open(path, "ab") as file:
+        file.write(line[: line.index("é".encode()) + 1])
+
+    write_lines(path, page_record(3, "naïve"))
+
+    assert [(r["url"], r["title"]) for r in read_records(path)] == [
+        (page_record(1).url, "café"),
+        (page_record(3).url, "naïve"),
+    ]

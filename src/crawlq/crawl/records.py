@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import json
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,19 +53,41 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 class JsonlWriter:
     """Appends lines with one write each to a file opened O_APPEND, so the lines of several
     worker processes never interleave (a nearly full disk may take part of a line: the rest
-    follows in more writes, or the write raises)."""
+    follows in more writes, or the write raises). A line a killed process left unfinished at
+    the end of the file is ended when the file is opened, so the next line stands alone."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._unfinished = False  # a failed write left part of a line at the end
+        try:
+            self._end_torn_line()
+        except BaseException:
+            self.close()
+            raise
+
+    def _end_torn_line(self) -> None:
+        """Ends the part of a line a process killed in the middle of its write left at the end
+        of the file, or the first line written after it would be lost with it. Under a lock:
+        processes starting together end it once."""
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                self._unfinished = True
+                with suppress(OSError):  # a full disk: the next line ends it
+                    self._write(b"")
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def write(self, record: PageRecord) -> None:
         """Appends the record's line, whole, or raises. After a write that left part of a line,
         the next one ends that part first, so its own line stands alone (readers skip the
         part)."""
-        line = (record.to_json() + "\n").encode()
+        self._write((record.to_json() + "\n").encode())
+
+    def _write(self, line: bytes) -> None:
         if self._unfinished:
             line = b"\n" + line
         rest = memoryview(line)
@@ -90,12 +114,13 @@ class JsonlWriter:
 
 
 def read_records(path: Path | str) -> list[dict[str, object]]:
-    """Every record of a JSONL file (a torn last line, from a kill, is skipped)."""
+    """Every record of a JSONL file (a torn line, from a kill or a full disk, is skipped, even
+    one cut in the middle of a character)."""
     records = []
-    with open(path, encoding="utf-8") as file:
+    with open(path, "rb") as file:
         for line in file:
             try:
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 continue
     return records
