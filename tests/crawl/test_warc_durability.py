@@ -4,6 +4,7 @@ keeps every acknowledged page's record in the WARC files, their index and pages.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,45 @@ def written(directory: Path, count: int) -> list[RecordRef]:
     refs = [writer.write(page(n)) for n in range(count)]
     writer.close()
     return refs
+
+
+@pytest.fixture
+def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every writer of the test starts in the same second (as the process's pid, its own)."""
+    second = time.gmtime()
+    monkeypatch.setattr(time, "gmtime", lambda *_: second)
+
+
+def test_two_writers_of_one_process_and_second_keep_to_files_of_their_own(
+    tmp_path: Path, one_second: None
+) -> None:
+    """Two stores of one folder in one process (one per event loop) started in one second
+    took the same file name: each appended to it with offsets of its own."""
+    first = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    second = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
+    refs = [first.write(page(0)), second.write(page(1)), first.write(page(2))]
+    first.close()
+    second.close()
+
+    assert len({ref.file for ref in refs}) == 2
+    assert [read_record(tmp_path, ref).url for ref in refs] == [page(n).url for n in range(3)]
+
+
+def test_a_run_of_the_same_pid_and_second_leaves_a_killed_one_s_file_as_it_was(
+    tmp_path: Path, one_second: None
+) -> None:
+    """A crawl restarted at once in a container has the pid the killed one had: the torn file
+    that one left is not appended to (its torn end would sit in the middle of the file)."""
+    (torn,) = written(tmp_path, 1)
+    path = tmp_path / torn.file
+    path.write_bytes(path.read_bytes()[:-30])
+    left = path.read_bytes()
+
+    (ref,) = written(tmp_path, 1)
+
+    assert ref.file != torn.file
+    assert path.read_bytes() == left
+    assert read_record(tmp_path, ref).url == page(0).url
 
 
 def test_a_record_cut_off_by_a_kill_is_refused_not_read_short(tmp_path: Path) -> None:

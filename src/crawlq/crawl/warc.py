@@ -170,8 +170,9 @@ def warc_date(epoch: float) -> str:
 
 class RotatingWarcWriter:
     """Appends records to `<prefix>-<stamp>-<pid>-<n>.warc.gz` files, a new one after each
-    reaches `max_file_bytes`. Each process and each run writes files of its own. Not thread
-    safe: one thread writes.
+    reaches `max_file_bytes`. Each writer writes files of its own: it creates each, never
+    appending to a file another made (two in one process and second would have taken the same
+    name, and each its own offsets in it). Not thread safe: one thread writes.
 
     Files are unbuffered: a record is in the file, whole, once `write` returns, and on disk
     once `sync` returns (a file is synced before it is closed, and its directory once it is
@@ -202,10 +203,8 @@ class RotatingWarcWriter:
     def _open(self) -> FileIO:
         if self._file is None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
-            self._sequence += 1
+            name, file = self._new_file()
             path = self.directory / name
-            file = open(path, "ab", buffering=0)  # noqa: SIM115 - kept open
             try:
                 _append(file, _warcinfo(name))
                 _sync_directory(self.directory)
@@ -215,6 +214,15 @@ class RotatingWarcWriter:
                 raise
             self._file, self._name, self._unsynced = file, name, True
         return self._file
+
+    def _new_file(self) -> tuple[str, FileIO]:
+        """The next file of this writer's own: created by it, never one another left (another
+        writer of this process in this second, or a process of the same pid killed in it)."""
+        while True:
+            name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
+            self._sequence += 1
+            with suppress(FileExistsError):
+                return name, open(self.directory / name, "xb", buffering=0)
 
     def write(self, item: Response | Rendition) -> RecordRef:
         """Appends one record, whole, or raises and leaves the file as it was."""
