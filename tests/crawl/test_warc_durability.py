@@ -4,12 +4,17 @@ keeps every acknowledged page's record in the WARC files, their index and pages.
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from crawlq.crawl import store as store_module
 from crawlq.crawl.records import JsonlWriter, PageRecord, read_records
+from crawlq.crawl.store import WarcStore, open_index
 from crawlq.crawl.warc import (
     RecordRef,
     Rendition,
@@ -160,3 +165,33 @@ def test_a_line_cut_in_the_middle_of_a_character_is_skipped(tmp_path: Path) -> N
         (page_record(1).url, "café"),
         (page_record(3).url, "naïve"),
     ]
+
+
+async def test_an_index_the_disk_has_no_room_for_fails_the_sync_with_the_disk_s_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite ends a transaction itself when the disk is full: the store's ROLLBACK then
+    failed ("no transaction is active") and hid why. The rows wait for a sync with room."""
+    opened: list[sqlite3.Connection] = []
+
+    def full_index(path: Path) -> sqlite3.Connection:
+        connection = open_index(path)
+        (pages,) = connection.execute("PRAGMA page_count").fetchone()
+        connection.execute(f"PRAGMA max_page_count = {pages}")  # as a full disk
+        opened.append(connection)
+        return connection
+
+    monkeypatch.setattr(store_module, "open_index", full_index)
+    # the test makes room on the index's connection, from its own thread
+    monkeypatch.setattr(sqlite3, "connect", partial(sqlite3.connect, check_same_thread=False))
+    long = replace(page(1), url=page(1).url + "?q=" + "x" * 5000)  # a page of the index its own
+    store = WarcStore(tmp_path)
+    try:
+        ref = await store.put(long)
+        with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+            await store.sync()
+        opened[0].execute("PRAGMA max_page_count = 1000000")  # room again
+        await store.sync()
+    finally:
+        await store.aclose()
+    assert store.refs(long.url) == [ref]

@@ -179,7 +179,8 @@ class WarcStore:
             connection.executemany(_INSERT_RENDITION, self._unindexed_renditions)
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            if connection.in_transaction:  # SQLite ends it itself on a full disk
+                connection.execute("ROLLBACK")
             raise
         self._forget_unindexed()
 
