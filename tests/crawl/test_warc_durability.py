@@ -4,6 +4,8 @@ keeps every acknowledged page's record in the WARC files, their index and pages.
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 import time
 from dataclasses import replace
@@ -13,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from crawlq.crawl import store as store_module
+from crawlq.crawl import warc
+from crawlq.crawl.crawler import PAGES_FILE, Crawl
 from crawlq.crawl.records import JsonlWriter, PageRecord, read_records
 from crawlq.crawl.store import WarcStore, open_index
+from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.crawl.warc import (
     RecordRef,
     Rendition,
@@ -24,6 +29,7 @@ from crawlq.crawl.warc import (
     read_rendition,
 )
 
+from .conftest import crawl_settings
 from .test_warc_faults import page
 
 
@@ -195,3 +201,47 @@ async def test_an_index_the_disk_has_no_room_for_fails_the_sync_with_the_disk_s_
     finally:
         await store.aclose()
     assert store.refs(long.url) == [ref]
+
+
+def read_only(path: Path, *_: object, **__: object) -> None:
+    raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+
+async def test_a_crawl_whose_warc_folder_refuses_writes_stops_with_its_pages_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page failed on its own and was retried into the dead letters: the crawl ended
+    "done" with every page dead. A disk that refuses a record stops the worker instead."""
+    monkeypatch.setattr(warc, "open", read_only, raising=False)
+    async with SyntheticWeb([Site(name="a.test", pages=5)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        stats = await crawl.run([net.url("a.test")], concurrency=1)
+        backend = await crawl.app.backend()
+        (queue,) = await backend.queue_stats([crawl.task.name])
+        await crawl.app.aclose()
+    assert (stats.done, stats.dead, queue.dead) == (0, 0, 0)
+    assert queue.total == 1  # the seed, to run again once the folder takes writes
+
+
+async def test_a_crawl_whose_page_records_cannot_be_written_stops_with_its_pages_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    pages = tmp_path / PAGES_FILE
+
+    def full_disk(fd: int, data: bytes) -> int:
+        if os.path.samestat(os.fstat(fd), pages.stat()):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    async with SyntheticWeb([Site(name="a.test", pages=5)]) as net:
+        crawl = Crawl(crawl_settings(net, tmp_path))
+        pages.touch()
+        monkeypatch.setattr(os, "write", full_disk)
+        stats = await crawl.run([net.url("a.test")], concurrency=1)
+        monkeypatch.undo()
+        backend = await crawl.app.backend()
+        (queue,) = await backend.queue_stats([crawl.task.name])
+        await crawl.app.aclose()
+    assert (stats.done, stats.dead, queue.dead) == (0, 0, 0)
+    assert queue.total >= 1  # the seed (and the links it found), to run again

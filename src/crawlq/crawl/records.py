@@ -61,6 +61,7 @@ class JsonlWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._unfinished = False  # a failed write left part of a line at the end
+        self._failed: OSError | None = None  # a write since the last sync
         try:
             self._end_torn_line()
         except BaseException:
@@ -82,10 +83,14 @@ class JsonlWriter:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def write(self, record: PageRecord) -> None:
-        """Appends the record's line, whole, or raises. After a write that left part of a line,
-        the next one ends that part first, so its own line stands alone (readers skip the
-        part)."""
-        self._write((record.to_json() + "\n").encode())
+        """Appends the record's line, whole, or raises (and the next `sync` raises the same).
+        After a write that left part of a line, the next one ends that part first, so its own
+        line stands alone (readers skip the part)."""
+        try:
+            self._write((record.to_json() + "\n").encode())
+        except OSError as exc:
+            self._failed = exc
+            raise
 
     def _write(self, line: bytes) -> None:
         if self._unfinished:
@@ -104,8 +109,13 @@ class JsonlWriter:
                 self._unfinished = True
 
     def sync(self) -> None:
-        """Puts every line written so far on disk (safe while another thread writes)."""
+        """Puts every line written so far on disk (safe while another thread writes), then
+        raises the error of a write that failed since the last call: a worker stops rather
+        than fail page after page on a disk that refuses their lines."""
+        failed, self._failed = self._failed, None
         os.fsync(self._fd)
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -108,7 +108,9 @@ class WarcStore:
     `sync` puts the records on disk, then indexes them in one transaction. A worker syncs
     before it acknowledges a batch of elements (`App.sync_shared`), so a power loss cannot
     leave a page done in the queue without its response, for one sync a batch. `get` finds
-    responses not yet indexed all the same."""
+    responses not yet indexed all the same. A put the disk refused (full, read-only) fails
+    alone and makes the next `sync` raise its error: the worker stops, its elements going
+    back to the queue, rather than failing page after page into the dead letters."""
 
     def __init__(
         self,
@@ -126,6 +128,7 @@ class WarcStore:
         self._latest_unindexed: dict[str, RecordRef] = {}  # by redacted URL
         self._unindexed_renditions: list[_RenditionRow] = []
         self._latest_unindexed_renditions: dict[str, RecordRef] = {}
+        self._failed_write: OSError | None = None  # since the last sync
         self._commit = GroupCommit(self._put_many, "crawlq-warc")
 
     def _connection(self) -> sqlite3.Connection:
@@ -144,7 +147,9 @@ class WarcStore:
         """Writes the batch; a record that cannot be written fails alone."""
         refs: list[RecordRef | BaseException] = []
         for item, ref in zip(items, self._writer.write_many(items), strict=True):
-            if isinstance(ref, Exception):  # OSError: a full disk, say
+            if isinstance(ref, Exception):
+                if isinstance(ref, OSError):  # a full disk, a read-only one
+                    self._failed_write = ref
                 refs.append(ref)
                 continue
             url = redact_url(item.url)
@@ -165,11 +170,17 @@ class WarcStore:
         await self._commit.run(self._sync)
 
     def _sync(self) -> None:
+        failed, self._failed_write = self._failed_write, None
         try:
             self._writer.sync()
         except OSError:
             self._forget_unindexed()  # their records may be lost; their pages are retried
             raise
+        self._index_unindexed()
+        if failed is not None:
+            raise failed
+
+    def _index_unindexed(self) -> None:
         if not self._unindexed and not self._unindexed_renditions:
             return
         connection = self._connection()
