@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,9 @@ class Gate:
         return web.Response(text=page_html(f"page {number}", links), content_type="text/html")
 
 
-async def run_crawl(net: SyntheticWeb, out: Path, *extra: str) -> asyncio.subprocess.Process:
+async def run_crawl(
+    net: SyntheticWeb, out: Path, *extra: str, preexec_fn: Callable[[], object] | None = None
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -70,6 +73,7 @@ async def run_crawl(net: SyntheticWeb, out: Path, *extra: str) -> asyncio.subpro
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=preexec_fn,
     )
 
 

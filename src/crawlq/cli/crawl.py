@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
+import sqlite3
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +30,8 @@ log = logging.getLogger("crawlq.crawl")
 CHILD = "CRAWLQ_CRAWL_CHILD"
 #: How often a child process reports its counts to the parent.
 REPORT_INTERVAL = 0.5
+#: The errors of a disk that cannot take the crawl's outputs.
+_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
 
 
 def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -249,7 +254,12 @@ def crawl(
             raise ConfigError("--processes works from the command line (crawlq crawl ...)")
         asyncio.run(_supervise(crawl, seeds, processes, progress))
     else:
-        asyncio.run(_crawl(crawl, seeds, concurrency, grace, progress))
+        try:
+            asyncio.run(_crawl(crawl, seeds, concurrency, grace, progress))
+        except (OSError, sqlite3.Error) as exc:  # closing the outputs, after the worker stopped
+            if isinstance(exc, OSError) and exc.errno not in _DISK_ERRORS:
+                raise
+            raise _outputs_lost(exc) from None
 
 
 def _retry(max_attempts: int, retry_delay: float) -> Retry:
@@ -262,12 +272,35 @@ def _retry(max_attempts: int, retry_delay: float) -> Retry:
 
 
 def _make_folder(out: Path) -> None:
+    """The output folder, made if need be, refused at once if it cannot be written: the crawl
+    would stop at its first page."""
+    from ..crawl.crawler import PAGES_FILE, WARC_DIR
+
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(
             f"--out {str(out)!r}: cannot make the folder: {exc.strerror or exc}"
         ) from None
+    warc = out / WARC_DIR
+    try:
+        warc.mkdir(exist_ok=True)
+        with open(out / PAGES_FILE, "ab"), tempfile.TemporaryFile(dir=warc):
+            pass
+    except OSError as exc:
+        where = exc.filename if exc.filename and Path(exc.filename).parent != warc else warc
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot write in the folder: {where}: {exc.strerror or exc}"
+        ) from None
+
+
+def _outputs_lost(error: BaseException) -> click.ClickException:
+    """The crawl stopped as its outputs could not be written (a full disk): what to do."""
+    return click.ClickException(
+        f"the crawl stopped: its outputs could not be written ({type(error).__name__}: "
+        f"{error}); its pages not yet done stay in the queue: make room (or make the folder"
+        " writable) and run the same command again"
+    )
 
 
 async def _crawl(
@@ -299,11 +332,15 @@ async def _crawl(
         await crawl.aclose()
     if child:
         _report(crawl.stats)  # the parent sums up
+        if worker.outputs_lost is not None:
+            raise _outputs_lost(worker.outputs_lost)
         return
     if live and progress:
         sys.stderr.write("\n")
     click.echo(render(final), err=True)
     _summary(crawl, final, _this_run(crawl.stats))
+    if worker.outputs_lost is not None:
+        raise _outputs_lost(worker.outputs_lost)
 
 
 async def _show_progress(crawl: Crawl, live: bool) -> None:

@@ -124,6 +124,11 @@ class Worker:
         self._outputs_lost: Exception | None = None  # a shared resource's failed sync
         self._metrics = worker_metrics()
 
+    @property
+    def outputs_lost(self) -> Exception | None:
+        """Why the worker stopped on its own: its tasks' outputs could not be put on disk."""
+        return self._outputs_lost
+
     def stop(self) -> None:
         """Graceful stop: claim nothing more, let running tasks finish within the grace period.
         Called again (a second Ctrl-C): hurry, running tasks go back to the queue at once."""
