@@ -581,6 +581,9 @@ class Worker:
         if not self._inflight:
             return
         running = list(self._inflight)
+        # Tasks the last claim just created take their first step: cancelled before it, a task
+        # never runs the code that gives its element back, which would wait out its lease.
+        await asyncio.sleep(0)
         deadline = time.monotonic() + self.grace
         while self._inflight and not self._hurry.is_set():
             left = deadline - time.monotonic()
