@@ -99,7 +99,8 @@ async def test_a_kill_keeps_every_done_page_whole_and_a_torn_tail_takes_nothing_
     site = Site(name="site.test", pages=PAGES)
     site.routes = {f"/page/{n}": answers.page for n in range(PAGES)}
     async with SyntheticWeb([site]) as net:
-        first = await run_crawl(net, tmp_path, "--lease", "4")
+        # Files of about three records: offsets on both sides of rotations, across the kill.
+        first = await run_crawl(net, tmp_path, "--lease", "4", "--warc-size", "1000")
         await asyncio.wait_for(answers.gate.reached.wait(), GUARD)
 
         async def answered_all_done() -> bool:
@@ -113,7 +114,8 @@ async def test_a_kill_keeps_every_done_page_whole_and_a_torn_tail_takes_nothing_
 
         before = check_outputs(tmp_path, done)
         # What a kill in the middle of writes leaves: the end of a record, part of a line.
-        (killed,) = sorted((tmp_path / WARC_DIR).glob("*.warc.gz"))
+        *rotated, killed = sorted((tmp_path / WARC_DIR).glob("*.warc.gz"))
+        assert rotated
         member = gzip.compress(b"WARC/1.0\r\nWARC-Type: response\r\n" + b"x" * 4000)
         with open(killed, "ab") as file:
             file.write(member[: len(member) // 2])
@@ -123,7 +125,7 @@ async def test_a_kill_keeps_every_done_page_whole_and_a_torn_tail_takes_nothing_
 
         answers.gate.after = PAGES * 10
         answers.gate.release.set()
-        second = await run_crawl(net, tmp_path, "--lease", "4")
+        second = await run_crawl(net, tmp_path, "--lease", "4", "--warc-size", "1000")
         stderr = await finish(second)
         assert second.returncode == 0, stderr
         assert "0 left in the queue" in stderr
@@ -207,7 +209,7 @@ def full_disk_at(size: int) -> Callable[[], None]:
 async def big_page(request: web.Request) -> web.StreamResponse:
     number = int(request.path.rsplit("/", 1)[1])
     links = [f"/page/{n}" for n in (number + 1, 2 * number + 1, 2 * number + 2) if n < PAGES]
-    html = page_html(f"page {number}", links, body="x" * 100_000)
+    html = page_html(f"page {number}", links, body="x" * 400_000)
     return web.Response(text=html, content_type="text/html")
 
 
@@ -217,8 +219,11 @@ async def test_a_full_disk_stops_the_crawl_with_a_clear_error_and_its_pages_queu
     site = Site(name="site.test", pages=PAGES)
     site.routes = {f"/page/{n}": big_page for n in range(PAGES)}
     async with SyntheticWeb([site]) as net:
+        # The WARC file, 400 KB a record, reaches the limit long before the queue's files do
+        # (a full disk stops their writes too: the elements then wait for their leases).
+        limit = full_disk_at(2 << 20)
         first = await run_crawl(
-            net, tmp_path, "--warc-level", "0", preexec_fn=full_disk_at(1 << 20)
+            net, tmp_path, "--warc-level", "0", "--lease", "4", preexec_fn=limit
         )
         stderr = await finish(first)
         assert first.returncode == 1, stderr
@@ -227,7 +232,7 @@ async def test_a_full_disk_stops_the_crawl_with_a_clear_error_and_its_pages_queu
         (queue,) = await queue_stats(tmp_path)
         assert queue.total > 0 and queue.dead == 0
 
-        second = await run_crawl(net, tmp_path, "--warc-level", "0")
+        second = await run_crawl(net, tmp_path, "--warc-level", "0", "--lease", "4")
         stderr = await finish(second)
         assert second.returncode == 0, stderr
         assert "0 left in the queue" in stderr
