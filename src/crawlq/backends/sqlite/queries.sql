@@ -108,8 +108,10 @@ UPDATE frontier SET wake_at = g.gate, active = g.gate <= :now
 RETURNING queue_id;
 
 -- name: expired_leases
+-- A lease runs out at its end, as an element is due at its due time: the claim that the
+-- next claimable time (`next_lease_expiry`) wakes must find it expired.
 SELECT id, queue_id, group_id FROM elements
- WHERE state = 2 AND lease_until < :now
+ WHERE state = 2 AND lease_until <= :now
  LIMIT 200;
 
 -- name: promote_delayed

@@ -21,8 +21,9 @@ if again then
     if last and string.sub(last, 1, #token) == token then return string.sub(last, #token + 1) end
 end
 
--- 1. leases that expired go back to their queue and free their group's slot
-local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', '(' .. fmt_now(), 'LIMIT', 0, 200)
+-- 1. leases that expired (at their end: the next claimable time step 5 says) go back to
+-- their queue and free their group's slot
+local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', fmt_now(), 'LIMIT', 0, 200)
 local touched, gates = {}, {}
 for _, member in ipairs(expired) do
     local queue, field = split_lease_member(member)

@@ -1,0 +1,24 @@
+"""SPEC section 3 at its edges, against every backend (conftest.BACKENDS): what a review found
+the conformance suite left out. Time is a manual clock, as in test_conformance.py."""
+
+from __future__ import annotations
+
+from crawlq.backends import Backend
+from crawlq.types import Limit, LimitRule
+
+from .helpers import ManualClock, claim, schedule, url
+
+
+async def test_a_lease_is_claimable_again_at_the_time_the_claim_said(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """SPEC 3.4: the next claimable time was the lease's end, but a lease only expired after
+    it, so a worker that woke then found nothing and was told "now" again: it spun."""
+    await backend.set_limits([LimitRule(pattern="*", limit=Limit(concurrency=1))])
+    await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2)])
+    (lost,) = await claim(backend, lease=50)
+    result = await backend.claim(["pages"], worker="w", limit=10, lease=50)
+    assert (result.elements, result.next_at) == ([], clock() + 50)
+    clock.advance(50)
+    (again,) = await claim(backend, lease=50)
+    assert (again.key, again.attempt) == (lost.key, 2)
