@@ -22,3 +22,15 @@ async def test_a_lease_is_claimable_again_at_the_time_the_claim_said(
     clock.advance(50)
     (again,) = await claim(backend, lease=50)
     assert (again.key, again.attempt) == (lost.key, 2)
+
+
+async def test_a_claim_that_takes_fewer_than_asked_says_when_the_rest_is_claimable(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """SPEC 3.4: on Redis a claim takes at most 5,000 (one Lua call holds the server); it
+    answered a bigger one with those and no next claimable time, as if nothing was left."""
+    await schedule(backend, "jobs", list(range(5_003)))
+    result = await backend.claim(["jobs"], worker="w", limit=6_000, lease=60)
+    (stats,) = await backend.queue_stats(["jobs"])
+    assert len(result.elements) + stats.due == 5_003
+    assert stats.due == 0 or result.next_at == clock()

@@ -402,14 +402,16 @@ class RedisBackend:
         self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
         token = os.urandom(8)
-        limit = min(limit, CALL_ITEMS)
+        taking = min(limit, CALL_ITEMS)
         sent = {q: lease[q] for q in queues} if isinstance(lease, Mapping) else lease
         raw = await self._run(
             "claim",
-            [worker, limit, sent, token, False, *queues],
-            again=[worker, limit, sent, token, True, *queues],
+            [worker, taking, sent, token, False, *queues],
+            again=[worker, taking, sent, token, True, *queues],
         )
         next_at, now, *rows = _unpacked(raw)
+        if len(rows) == taking < limit:
+            next_at = now  # a call takes at most CALL_ITEMS: more may be claimable at once
         elements = [
             Claimed(
                 ref=ref,
