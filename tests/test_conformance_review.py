@@ -3,10 +3,16 @@ the conformance suite left out. Time is a manual clock, as in test_conformance.p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from crawlq.backends import Backend
+from crawlq.errors import ConfigError
+from crawlq.tasks import prepare
 from crawlq.types import Limit, LimitRule
 
-from .helpers import ManualClock, claim, schedule, url
+from .helpers import ManualClock, claim, config, schedule, url
 
 
 async def test_a_lease_is_claimable_again_at_the_time_the_claim_said(
@@ -34,3 +40,31 @@ async def test_a_claim_that_takes_fewer_than_asked_says_when_the_rest_is_claimab
     (stats,) = await backend.queue_stats(["jobs"])
     assert len(result.elements) + stats.due == 5_003
     assert stats.due == 0 or result.next_at == clock()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("due", float("nan")),
+        ("due", float("inf")),
+        ("priority", 2**63),
+        ("priority", 2**53),
+        ("priority", 1.5),
+        ("priority", True),
+    ],
+)
+async def test_a_schedule_of_no_time_or_no_whole_priority_is_refused_and_changes_nothing(
+    backend: Backend, clock: ManualClock, field: str, value: object
+) -> None:
+    """SPEC 9, for callers of a backend itself (App checks its own): Redis refused these with a
+    ConfigError naming the field; SQLite stored an infinite due time or a priority of 1.5 or
+    2**60 (which Redis cannot order exactly), and failed on NaN with a NOT NULL constraint and
+    on 2**63 with an OverflowError, no crawlq error at all."""
+    good = prepare(config("jobs"), "good", due=clock())
+    bad = replace(good, key='"bad"', **{field: value})
+    with pytest.raises(ConfigError, match=field):
+        await backend.schedule([good, bad])
+    with pytest.raises(ConfigError, match=field):
+        await backend.finish([bad], [], [])
+    (stats,) = await backend.queue_stats(["jobs"])
+    assert stats.total == 0

@@ -5,7 +5,29 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from .. import checks
+from ..errors import ConfigError
 from ..types import Mode, Schedule
+
+
+def check_schedule(item: Schedule) -> None:
+    """ConfigError for a schedule no backend can store as every backend would: App.prepare
+    makes only sound ones; this is for callers of a backend itself, before anything changes
+    (a Lua error undoes nothing; SQLite took an infinite due time, a priority of 1.5 or beyond
+    2**53). Cheap (a bulk schedule checks 10,000 at a time): on Redis, text that is not UTF-8
+    fails msgpack's packing, before the call."""
+    payload = item.payload
+    if not (
+        type(item.queue) is str
+        and type(item.key) is str
+        and type(item.group) is str
+        and (payload is None or type(payload) is str)
+    ):
+        raise ConfigError(f"queue, key, group and payload must be text: {item!r}")
+    checks.finite(item.due, "due")
+    checks.integer(item.priority, "priority")
+    if type(item.mode) is not Mode:
+        raise ConfigError(f"mode must be a Mode, got {item.mode!r}")
 
 
 def merge(items: Iterable[Schedule]) -> list[list[Schedule]]:

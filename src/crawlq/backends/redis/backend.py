@@ -22,7 +22,6 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
-from ... import checks
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
 from ...limits import DEFAULT_LIMIT, checked_crawl_delays, specificity
@@ -40,7 +39,6 @@ from ...types import (
     Leases,
     Limit,
     LimitRule,
-    Mode,
     Origin,
     QueueConfig,
     QueueStats,
@@ -50,7 +48,7 @@ from ...types import (
     lease_of,
 )
 from ...wakeup import Listener
-from ..batch import merge
+from ..batch import check_schedule, merge
 from ..views import dead_element, live_element
 from . import records, scripts
 from .check import check
@@ -361,7 +359,7 @@ class RedisBackend:
         if not items:
             return ScheduleResult()
         for item in items:
-            _check_schedule(item)
+            check_schedule(item)
         if len(items) == 1:  # the most common call: nothing to fold, one call
             return await self._schedule_once(items)
         result = ScheduleResult()
@@ -771,25 +769,6 @@ class RedisBackend:
             chunk = wanted[start : start + CALL_ITEMS]
             taken += int(await self._run("dead", [queue, requeue, chunk, CALL_ITEMS]))
         return taken
-
-
-def _check_schedule(item: Schedule) -> None:
-    """ConfigError for a schedule the Lua would stop at halfway, after writing the items
-    before it (a Lua error undoes nothing). App.prepare makes only sound ones; this is for
-    callers of the backend itself. Cheap (a bulk schedule checks 10,000 at a time): text that
-    is not UTF-8 fails msgpack's packing, before the call."""
-    payload = item.payload
-    if not (
-        type(item.queue) is str
-        and type(item.key) is str
-        and type(item.group) is str
-        and (payload is None or type(payload) is str)
-    ):
-        raise ConfigError(f"queue, key, group and payload must be text: {item!r}")
-    checks.finite(item.due, "due")
-    checks.integer(item.priority, "priority")
-    if type(item.mode) is not Mode:
-        raise ConfigError(f"mode must be a Mode, got {item.mode!r}")
 
 
 def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[list[Any]]]:

@@ -32,6 +32,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
+from ..batch import check_schedule
 from .engine import Engine
 from .store import Store, translate
 
@@ -135,6 +136,8 @@ class SQLiteBackend:
         transaction, each with its own result (a failure there has each batch tried alone)."""
         if not items:
             return ScheduleResult()
+        for item in items:
+            check_schedule(item)
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
         result, wake = await self._thread(items)
@@ -182,6 +185,8 @@ class SQLiteBackend:
     async def finish(
         self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
     ) -> None:
+        for item in follow:
+            check_schedule(item)
         if follow or acks or failures:
             self._wake.send(await self._call(self.engine.finish, follow, acks, failures))
 
