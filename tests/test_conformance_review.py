@@ -68,3 +68,27 @@ async def test_a_schedule_of_no_time_or_no_whole_priority_is_refused_and_changes
         await backend.finish([bad], [], [])
     (stats,) = await backend.queue_stats(["jobs"])
     assert stats.total == 0
+
+
+@pytest.mark.parametrize("lease", [float("nan"), float("inf"), -1.0])
+async def test_a_lease_of_no_time_is_refused_and_loses_no_element(
+    backend: Backend, clock: ManualClock, lease: float
+) -> None:
+    """SPEC 6 and 9, for callers of a backend itself (App checks a task's lease): a NaN lease
+    left the element running with no lease at all on SQLite (NULL: it never expired), and on
+    Redis failed after the claim had written it running, outside the lease set: lost for good
+    either way."""
+    from crawlq.types import WorkerInfo
+
+    worker = WorkerInfo(id="w", host="h", pid=1, queues=("jobs",), started=clock(), heartbeat=0)
+    await schedule(backend, "jobs", ["x"])
+    with pytest.raises(ConfigError, match="lease"):
+        await backend.claim(["jobs"], worker="w", limit=1, lease=lease)
+    with pytest.raises(ConfigError, match="lease"):
+        await backend.claim(["jobs"], worker="w", limit=1, lease={"jobs": lease})
+    (taken,) = await claim(backend, "jobs", lease=5)
+    with pytest.raises(ConfigError, match="lease"):
+        await backend.heartbeat(worker, [taken], lease)
+    clock.advance(5)
+    (again,) = await claim(backend, "jobs", lease=5)
+    assert (again.key, again.attempt) == ('"x"', 2)

@@ -1,4 +1,5 @@
-"""What every backend does to a batch of schedules before applying it."""
+"""What every backend does to a batch of schedules before applying it, and the checks of
+what callers of a backend itself give it (App checks its own before)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import replace
 
 from .. import checks
 from ..errors import ConfigError
-from ..types import Mode, Schedule
+from ..types import Leases, Mode, Schedule, lease_of
 
 
 def check_schedule(item: Schedule) -> None:
@@ -28,6 +29,14 @@ def check_schedule(item: Schedule) -> None:
     checks.integer(item.priority, "priority")
     if type(item.mode) is not Mode:
         raise ConfigError(f"mode must be a Mode, got {item.mode!r}")
+
+
+def check_leases(leases: Leases, queues: Iterable[str]) -> None:
+    """ConfigError for a lease of the queues that is no number of seconds: a NaN lease left
+    the element running with no lease to run out, on SQLite and (the claim failing after its
+    writes) on Redis."""
+    for queue in queues:
+        checks.seconds(lease_of(leases, queue), f"lease of queue {queue}")
 
 
 def merge(items: Iterable[Schedule]) -> list[list[Schedule]]:

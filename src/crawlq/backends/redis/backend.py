@@ -48,7 +48,7 @@ from ...types import (
     lease_of,
 )
 from ...wakeup import Listener
-from ..batch import check_schedule, merge
+from ..batch import check_leases, check_schedule, merge
 from ..views import dead_element, live_element
 from . import records, scripts
 from .check import check
@@ -399,6 +399,7 @@ class RedisBackend:
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
+        check_leases(lease, queues)
         token = os.urandom(8)
         taking = min(limit, CALL_ITEMS)
         sent = {q: lease[q] for q in queues} if isinstance(lease, Mapping) else lease
@@ -471,6 +472,7 @@ class RedisBackend:
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
+        check_leases(lease, {e.queue for e in elements})
         items = [
             [e.queue, e.key, e.ref, e.attempt, _digests(e.key)[0], e.claimed_at] for e in elements
         ]

@@ -32,7 +32,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
-from ..batch import check_schedule
+from ..batch import check_leases, check_schedule
 from .engine import Engine
 from .store import Store, translate
 
@@ -172,6 +172,7 @@ class SQLiteBackend:
     async def claim(
         self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
+        check_leases(lease, queues)
         return await self._woken(functools.partial(self.engine.claim, queues, worker, limit, lease))
 
     async def ack(self, elements: Sequence[Claimed]) -> None:
@@ -197,6 +198,7 @@ class SQLiteBackend:
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
+        check_leases(lease, {e.queue for e in elements})
         await self._call(self.engine.heartbeat, worker, elements, lease)
 
     async def register_worker(self, worker: WorkerInfo) -> None:
