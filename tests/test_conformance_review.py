@@ -92,3 +92,22 @@ async def test_a_lease_of_no_time_is_refused_and_loses_no_element(
     clock.advance(5)
     (again,) = await claim(backend, "jobs", lease=5)
     assert (again.key, again.attempt) == ('"x"', 2)
+
+
+async def test_a_retry_at_no_time_is_refused_and_changes_nothing(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """SPEC 9, for callers of a backend itself (the worker computes retry times): on Redis a
+    NaN retry time was stored as the element's due time, and `check` itself then failed on the
+    store; SQLite read it as no time and retried at once."""
+    from crawlq.types import Failure
+
+    await schedule(backend, "jobs", ["x"])
+    (taken,) = await claim(backend, "jobs", lease=5)
+    failure = Failure(element=taken, error="boom", retry_at=float("nan"))
+    with pytest.raises(ConfigError, match="retry"):
+        await backend.fail([failure])
+    with pytest.raises(ConfigError, match="retry"):
+        await backend.finish([], [], [failure])
+    info = await backend.element("jobs", '"x"')
+    assert info is not None and (info.state, info.attempts) == ("running", 1)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .. import checks
 from ..errors import ConfigError
-from ..types import Leases, Mode, Schedule, lease_of
+from ..types import Failure, Leases, Mode, Schedule, lease_of
 
 
 def check_schedule(item: Schedule) -> None:
@@ -29,6 +29,13 @@ def check_schedule(item: Schedule) -> None:
     checks.integer(item.priority, "priority")
     if type(item.mode) is not Mode:
         raise ConfigError(f"mode must be a Mode, got {item.mode!r}")
+
+
+def check_failures(failures: Iterable[Failure]) -> None:
+    """ConfigError for a retry at no time: Redis stored a NaN as the element's due time."""
+    for failure in failures:
+        if failure.retry_at is not None:
+            checks.finite(failure.retry_at, "retry_at")
 
 
 def check_leases(leases: Leases, queues: Iterable[str]) -> None:

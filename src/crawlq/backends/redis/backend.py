@@ -48,7 +48,7 @@ from ...types import (
     lease_of,
 )
 from ...wakeup import Listener
-from ..batch import check_leases, check_schedule, merge
+from ..batch import check_failures, check_leases, check_schedule, merge
 from ..views import dead_element, live_element
 from . import records, scripts
 from .check import check
@@ -454,12 +454,14 @@ class RedisBackend:
             await self._settle("ack", [Failure(element=e, error="") for e in elements])
 
     async def fail(self, failures: Sequence[Failure]) -> None:
+        check_failures(failures)
         if failures:
             await self._settle("fail", failures)
 
     async def finish(
         self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
     ) -> None:
+        check_failures(failures)  # before the follow-ups and acks are written
         if follow:
             await self.schedule(follow)
         await self.ack(acks)

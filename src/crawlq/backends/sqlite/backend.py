@@ -32,7 +32,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
-from ..batch import check_leases, check_schedule
+from ..batch import check_failures, check_leases, check_schedule
 from .engine import Engine
 from .store import Store, translate
 
@@ -180,6 +180,7 @@ class SQLiteBackend:
             self._wake.send(await self._call(self.engine.ack, elements))
 
     async def fail(self, failures: Sequence[Failure]) -> None:
+        check_failures(failures)
         if failures:
             self._wake.send(await self._call(self.engine.fail, failures))
 
@@ -188,6 +189,7 @@ class SQLiteBackend:
     ) -> None:
         for item in follow:
             check_schedule(item)
+        check_failures(failures)
         if follow or acks or failures:
             self._wake.send(await self._call(self.engine.finish, follow, acks, failures))
 
