@@ -4,6 +4,7 @@ the conformance suite left out. Time is a manual clock, as in test_conformance.p
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,8 @@ async def test_a_schedule_of_no_time_or_no_whole_priority_is_refused_and_changes
     2**60 (which Redis cannot order exactly), and failed on NaN with a NOT NULL constraint and
     on 2**63 with an OverflowError, no crawlq error at all."""
     good = prepare(config("jobs"), "good", due=clock())
-    bad = replace(good, key='"bad"', **{field: value})
+    changes: dict[str, Any] = {field: value}
+    bad = replace(good, key='"bad"', **changes)
     with pytest.raises(ConfigError, match=field):
         await backend.schedule([good, bad])
     with pytest.raises(ConfigError, match=field):
