@@ -113,3 +113,13 @@ async def test_a_retry_at_no_time_is_refused_and_changes_nothing(
         await backend.finish([], [], [failure])
     info = await backend.element("jobs", '"x"')
     assert info is not None and (info.state, info.attempts) == ("running", 1)
+
+
+async def test_a_workers_elements_are_listed_by_queue_and_key(backend: Backend) -> None:
+    """SPEC 7: SQLite lists them by queue and key; Redis listed them in the order of its lease
+    members (the key's digest), so the dashboard's list changed with the backend."""
+    await schedule(backend, "jobs", [f"e{n}" for n in range(12)])
+    await schedule(backend, "pages", [url(f"h{n}.test") for n in range(4)])
+    await claim(backend, ["jobs", "pages"])
+    held = [(e.queue, e.key) for e in await backend.worker_elements("test-worker")]
+    assert len(held) == 16 and held == sorted(held)

@@ -719,7 +719,7 @@ class RedisBackend:
             rec = await self._record(queue, field)
             if rec is not None:
                 found.append(self._element_info(queue, rec))
-        return found
+        return sorted(found, key=lambda e: (e.queue, e.key))  # as SQLite lists them
 
     async def check(self) -> list[str]:
         """Every broken internal invariant (empty when consistent); run on a quiet queue."""
