@@ -123,3 +123,13 @@ async def test_a_workers_elements_are_listed_by_queue_and_key(backend: Backend) 
     await claim(backend, ["jobs", "pages"])
     held = [(e.queue, e.key) for e in await backend.worker_elements("test-worker")]
     assert len(held) == 16 and held == sorted(held)
+
+
+async def test_a_block_until_no_time_is_refused(backend: Backend, clock: ManualClock) -> None:
+    """SPEC 9: SQLite stored a NaN block end as none (the group open, its reason still shown),
+    Redis as "nan"; the two then reported the group differently."""
+    await schedule(backend, "pages", [url("a.test")])
+    with pytest.raises(ConfigError, match="until"):
+        await backend.block_group("a.test", float("nan"), "429")
+    (group,) = await backend.group_stats("a.test")
+    assert (group.blocked_until, group.block_reason) == (None, None)

@@ -3,6 +3,7 @@ what callers of a backend itself give it (App checks its own before)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -36,6 +37,13 @@ def check_failures(failures: Iterable[Failure]) -> None:
     for failure in failures:
         if failure.retry_at is not None:
             checks.finite(failure.retry_at, "retry_at")
+
+
+def check_block_until(until: float | None) -> None:
+    """ConfigError for a block ending at NaN (infinity is a block for good): SQLite stored it
+    as no block, Redis as "nan"."""
+    if until is not None and math.isnan(until):
+        raise ConfigError(f"a block's until must be a time or None, got {until!r}")
 
 
 def check_leases(leases: Leases, queues: Iterable[str]) -> None:

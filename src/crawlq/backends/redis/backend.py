@@ -48,7 +48,13 @@ from ...types import (
     lease_of,
 )
 from ...wakeup import Listener
-from ..batch import check_failures, check_leases, check_schedule, merge
+from ..batch import (
+    check_block_until,
+    check_failures,
+    check_leases,
+    check_schedule,
+    merge,
+)
 from ..views import dead_element, live_element
 from . import records, scripts
 from .check import check
@@ -572,6 +578,7 @@ class RedisBackend:
         await self._run("crawl_delays", [False, *pairs])
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
+        check_block_until(until)
         reason = reason if until is not None and reason else None
         await self._run("block", [group, until or False, reason or False])
 

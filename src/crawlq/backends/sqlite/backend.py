@@ -32,7 +32,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
-from ..batch import check_failures, check_leases, check_schedule
+from ..batch import check_block_until, check_failures, check_leases, check_schedule
 from .engine import Engine
 from .store import Store, translate
 
@@ -229,6 +229,7 @@ class SQLiteBackend:
         self._wake.send(await self._call(self.engine.raise_crawl_delays, checked))
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
+        check_block_until(until)
         self._wake.send(await self._call(self.engine.block_group, group, until, reason))
 
     async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
