@@ -218,8 +218,10 @@ async def test_a_login_at_a_refused_address_fails_as_blocked_not_as_a_retryable_
 async def test_a_crawl_records_every_refusal_once_and_never_retries_it(
     net: SyntheticWeb, tmp_path: Path
 ) -> None:
-    """Seeds and discovered links to refused addresses: one record each, `blocked_address`,
-    no retry, no request (robots.txt included) to the refused server."""
+    """Seeds, discovered links and redirect targets to refused addresses: one record each,
+    `blocked_address`, no retry, no request (robots.txt included) to the refused server. (A
+    redirect to another host is queued as a page of that host: the page that redirected is
+    a 302 with one link.)"""
     inner = net.addresses["inner.test"]
     links = [
         net.url("inner.test", "/page/0"),  # a name that resolves to a refused address
@@ -242,10 +244,11 @@ async def test_a_crawl_records_every_refusal_once_and_never_retries_it(
     records = {str(r["url"]): r for r in read_records(tmp_path / PAGES_FILE)}
     assert len(records) == len(read_records(tmp_path / PAGES_FILE))  # one record per URL
     blocked = {url for url, r in records.items() if r["error"] == Reason.BLOCKED.value}
-    assert blocked == {*links[:4], net.url("open.test", "/hop")}
+    assert blocked == {*links[:4], "http://10.0.0.5/admin"}
     assert all(records[url]["retry"] is False for url in blocked)
     assert all("--allow-network" in str(records[url]["detail"]) for url in blocked)
-    assert records[net.url("open.test", "/hop")]["status"] == 302
+    hop = records[net.url("open.test", "/hop")]
+    assert (hop["status"], hop["error"], hop["links"], hop["queued"]) == (302, None, 1, 1)
     assert records[net.url("open.test", "/page/1")]["status"] == 200
     assert stats.failed == 0 and stats.done == len(records)
     assert net.hits_for("inner.test") == []
