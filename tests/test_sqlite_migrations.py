@@ -8,7 +8,8 @@ from pathlib import Path
 
 from crawlq.backends import open_backend
 from crawlq.backends.sqlite.store import MIGRATIONS, SCHEMA_VERSION, _statements
-from crawlq.types import Limit
+from crawlq.tasks import prepare
+from crawlq.types import GroupBy, Limit, QueueConfig
 
 from .helpers import assert_a_rule_of_old_is_the_apps, config, schedule, url
 
@@ -69,3 +70,39 @@ async def test_crawl_delay_rules_of_schema_8_become_crawl_delays(tmp_path: Path)
         assert group.limit == Limit(concurrency=2, interval=5.0)
     finally:
         await backend.close()
+
+
+async def test_a_schedule_remembered_before_schema_10_keeps_the_running_payload(
+    tmp_path: Path,
+) -> None:
+    """Schema 10 remembers the payload of a schedule that comes while its element runs
+    (next_payload); a schedule remembered before it has none and runs with the payload it had,
+    as it did then, at its remembered time and priority."""
+    path = tmp_path / "queue.db"
+    keyed = QueueConfig(name="keyed", group_by=GroupBy.NONE, custom_key=True)
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    try:
+        await backend.ensure_queues([keyed])
+        await backend.schedule([prepare(keyed, {"v": 1}, due=0, key=lambda e: "k")])
+        (running,) = (await backend.claim(["keyed"], worker="w", limit=1, lease=60)).elements
+        await backend.schedule([prepare(keyed, {"v": 2}, due=0, priority=3, key=lambda e: "k")])
+    finally:
+        await backend.close()
+    with sqlite3.connect(path) as db:  # as schema 9 held it: the new payload was never stored
+        db.execute("ALTER TABLE elements DROP COLUMN next_payload")
+        db.execute("PRAGMA user_version = 9")
+    db.close()
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    try:
+        await backend.ack([running])
+        (again,) = (await backend.claim(["keyed"], worker="w", limit=1, lease=60)).elements
+        assert (again.payload, again.priority) == ('{"v":1}', 3)
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert db.execute("SELECT next_payload FROM elements").fetchall() == [(None,)]
+    db.close()

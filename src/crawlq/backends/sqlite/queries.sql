@@ -30,7 +30,12 @@ DELETE FROM temp.batch
 
 -- name: batch_defer_running
 -- A running element is never started twice: remember the new schedule for when it finishes.
-UPDATE elements SET next_due = b.due, next_priority = b.priority
+-- Its payload too (next_payload holds the key itself for a payload that is the key; NULL when
+-- it is the running one's).
+UPDATE elements
+   SET next_due = b.due, next_priority = b.priority,
+       next_payload = CASE WHEN b.payload IS elements.payload THEN NULL
+                           ELSE coalesce(b.payload, b.key) END
   FROM temp.batch b
  WHERE elements.id = b.old_id AND b.old_state = 2
    AND (b.mode = 0 OR (b.mode = 1 AND (elements.next_due IS NULL OR b.due < elements.next_due)));
@@ -165,10 +170,12 @@ SELECT e.queue_id, e.group_id, e.state, e.next_due, e.next_priority, q.seen, e.h
 -- keeps the element's own due time.
 UPDATE elements
    SET due = coalesce(next_due, :due, due), priority = coalesce(next_priority, priority),
+       payload = CASE WHEN next_payload IS NULL THEN payload
+                      WHEN next_payload = key THEN NULL ELSE next_payload END,
        state = CASE WHEN coalesce(next_due, :due, due) > :now THEN 0 ELSE 1 END,
        attempts = CASE WHEN next_due IS NULL THEN attempts + :attempts_delta ELSE 0 END,
-       next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
-       error = coalesce(:error, error),
+       next_due = NULL, next_priority = NULL, next_payload = NULL, lease_until = NULL,
+       worker = NULL, error = coalesce(:error, error),
        history = json_set(history, '$[#-1][3]', coalesce(:error, 'released'))
  WHERE id = :id
 RETURNING state;
@@ -177,8 +184,11 @@ RETURNING state;
 -- Finished, but scheduled again while running: queued afresh at that schedule.
 UPDATE elements
    SET due = next_due, priority = next_priority,
+       payload = CASE WHEN next_payload IS NULL THEN payload
+                      WHEN next_payload = key THEN NULL ELSE next_payload END,
        state = CASE WHEN next_due > :now THEN 0 ELSE 1 END,
-       attempts = 0, next_due = NULL, next_priority = NULL, lease_until = NULL, worker = NULL,
+       attempts = 0, next_due = NULL, next_priority = NULL, next_payload = NULL,
+       lease_until = NULL, worker = NULL,
        error = NULL, history = json_set(history, '$[#-1][3]', 'done, scheduled again')
  WHERE id = :id;
 
