@@ -19,12 +19,14 @@ import pytest
 import redis
 
 from crawlq.backends import Backend, open_backend
+from crawlq.backends.redis import records
 from crawlq.backends.redis.globs import lua_pattern
 from crawlq.backends.redis.lanes import Lanes, pack
 from crawlq.errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from crawlq.observe.logs import redact
+from crawlq.tasks import prepare
 from crawlq.testing.redis_server import RedisServer
-from crawlq.types import Failure, Limit, LimitRule
+from crawlq.types import JSON, Failure, GroupBy, Limit, LimitRule, QueueConfig, Schedule
 
 from .conftest import QUEUES
 from .helpers import (
@@ -867,3 +869,38 @@ def test_ranges_with_lua_magic_ends_match_as_fnmatch_does(redis_server: RedisSer
             assert bool(found) == fnmatchcase(subject, glob), (glob, subject)
     finally:
         client.close()
+
+
+async def test_a_remembered_payload_is_stored_only_when_it_differs(
+    redis_server: RedisServer,
+) -> None:
+    """NEXT_PAYLOAD, last in a record (lua/common.lua, REC): absent unless a schedule that
+    came while the element ran has a payload of its own; a record stored before it existed
+    has none, and runs again with the payload it had, as it did then."""
+    keyed = QueueConfig(name="keyed", group_by=GroupBy.NONE, custom_key=True)
+
+    def item(element: JSON, priority: int = 0) -> Schedule:
+        return prepare(keyed, element, due=0, priority=priority, key=lambda e: "k")
+
+    async with in_namespace(redis_server, "next-payload") as (backend, client):
+
+        def stored() -> tuple[bytes, bytes, list[Any]]:
+            (bucket,) = client.scan_iter(match="{next-payload}:q:5:keyed:e:*")
+            ((field, raw),) = client.hgetall(bucket).items()
+            return bucket, field, msgpack.unpackb(raw, raw=False)
+
+        await backend.ensure_queues([keyed])
+        await backend.schedule([item({"v": 1})])
+        (running,) = await claim(backend, "keyed")
+        await backend.schedule([item({"v": 2}, priority=3)])
+        assert stored()[2][records.NEXT_PAYLOAD :] == ['{"v":2}']
+        await backend.schedule([item({"v": 1}, priority=3)])  # the running payload: none kept
+        assert len(stored()[2]) == records.NEXT_PAYLOAD
+        await backend.schedule([item({"v": 2}, priority=3)])
+        bucket, field, rec = stored()
+        client.hset(bucket, field, msgpack.packb(rec[: records.NEXT_PAYLOAD]))  # of old
+        await backend.ack([running])
+        (again,) = await claim(backend, "keyed")
+        assert (again.payload, again.priority) == ('{"v":1}', 3)
+        assert len(stored()[2]) == records.NEXT_PAYLOAD
+        assert await backend.check() == []

@@ -4,9 +4,11 @@ the Python side that reads them: element lookups and the consistency check.
 A record is a msgpack array holding its group as a number (names in the hash `P gn`) and its
 key without the group's name where the key holds it (KEY_AT: where it was; for a URL, minus
 the number of its scheme in KEY_HEADS, and the key is what follows the host without the
-closing quote), PAYLOAD, PRIORITY and ATTEMPTS false when the key and 0, with the falses at
-the end left off; each lives in one of the queue's buckets (hashes), picked by its field and
-the buckets' linear hashing state (`bucket`).
+closing quote), PAYLOAD, PRIORITY and ATTEMPTS false when the key and 0, NEXT_PAYLOAD (the
+payload of a schedule that came while the element ran) false when none came or it is the
+running one's and true when it is the key, with the falses at the end left off; each lives in
+one of the queue's buckets (hashes), picked by its field and the buckets' linear hashing state
+(`bucket`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import msgpack
     NEXT_PRIORITY,
     ERROR,
     HISTORY,
-) = range(15)
-SIZE = 15
+    NEXT_PAYLOAD,
+) = range(16)
+SIZE = 16
 #: As KEY_HEADS in common.lua: a key's head stored as -1, -2.
 KEY_HEADS = ('"https://', '"http://')
 #: An element's field: this many bytes of its key's 64-bit digest (common.lua, `find`).

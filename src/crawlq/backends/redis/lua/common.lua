@@ -77,9 +77,14 @@ local DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 -- it (a URL holds its host) and KEY_AT where that was (or, for a URL, without its scheme too:
 -- see KEY_HEADS), PAYLOAD false when it is the key, PRIORITY and ATTEMPTS false when 0, and
 -- the falses at the end left off: the fields most often false come last.
+-- NEXT_DUE, NEXT_PRIORITY and NEXT_PAYLOAD: a schedule that came while the element ran, to
+-- queue it with once the run ends (`requeue`), all false when none did. NEXT_PAYLOAD is false
+-- when that schedule's payload is the running one's (or none came), true when it is the key
+-- (PAYLOAD false), else the payload; last, so records stored before it read as false.
 local ID, GROUP, DUE, STATE, KEY, KEY_AT, PAYLOAD, PRIORITY, ATTEMPTS, LEASE, WORKER, NEXT_DUE,
-      NEXT_PRIORITY, ERROR, HISTORY = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15
-local REC_SIZE = 15
+      NEXT_PRIORITY, ERROR, HISTORY, NEXT_PAYLOAD = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+      15, 16
+local REC_SIZE = 16
 -- A queue's records fill buckets of about this many on average: each key costs Redis ~90 bytes,
 -- and a lookup scans its bucket (a listpack), so the buckets grow in number with the queue
 -- (linear hashing) and keep both small. Fixed, 32,768 buckets cost 29 bytes an element at
@@ -227,7 +232,7 @@ local QUOTE = 34  -- '"'
 local function encode(rec)
     -- The REC_SIZE fields in one table made at once: filled field by field, it grew five times.
     local stored = {rec[1], rec[2], rec[3], rec[4], rec[5], rec[6], rec[7], rec[8], rec[9],
-                    rec[10], rec[11], rec[12], rec[13], rec[14], rec[15]}
+                    rec[10], rec[11], rec[12], rec[13], rec[14], rec[15], rec[16]}
     local group, key = rec[GROUP], rec[KEY]
     stored[GROUP], stored[KEY_AT] = group_id(group), false
     if stored[PRIORITY] == 0 then stored[PRIORITY] = false end
@@ -734,7 +739,7 @@ local function set_outcome(rec, outcome)
 end
 
 -- Back to the queue from a run: at `due` (false keeps its own), or at the schedule that
--- arrived while it ran, which also starts its attempts afresh.
+-- arrived while it ran, with its priority and payload, which also starts its attempts afresh.
 local function requeue(queue, field, rec, due, attempts_delta, err, touched)
     set_outcome(rec, err or 'released')
     unplace(queue, field, rec, touched)
@@ -742,7 +747,9 @@ local function requeue(queue, field, rec, due, attempts_delta, err, touched)
     group_count(rec[GROUP], 'q', 1)
     if rec[NEXT_DUE] then
         rec[DUE], rec[PRIORITY], rec[ATTEMPTS] = rec[NEXT_DUE], rec[NEXT_PRIORITY], 0
-        rec[NEXT_DUE], rec[NEXT_PRIORITY] = false, false
+        local payload = rec[NEXT_PAYLOAD]
+        if payload == true then rec[PAYLOAD] = false elseif payload then rec[PAYLOAD] = payload end
+        rec[NEXT_DUE], rec[NEXT_PRIORITY], rec[NEXT_PAYLOAD] = false, false, false
     else
         if due then rec[DUE] = due end
         rec[ATTEMPTS] = rec[ATTEMPTS] + attempts_delta
@@ -845,7 +852,7 @@ local function apply(item, touched)
         end
         -- ID, GROUP, DUE, STATE, KEY, KEY_AT, PAYLOAD, PRIORITY, ATTEMPTS, then all false
         rec = {redis.call('INCR', P .. 'seq'), group, due, READY, key, false, payload, priority, 0,
-               false, false, false, false, false, false}
+               false, false, false, false, false, false, false}
         place(queue, field, rec, touched, true)
         group_count(group, 'q', 1)
         save(queue, field, rec)
@@ -858,6 +865,11 @@ local function apply(item, touched)
         if mode == OVERWRITE or (mode == ONLY_IF_EARLIER
                 and (not rec[NEXT_DUE] or due < rec[NEXT_DUE])) then
             rec[NEXT_DUE], rec[NEXT_PRIORITY] = due, priority
+            if payload == rec[PAYLOAD] then  -- the running one's (false: the key, for both)
+                rec[NEXT_PAYLOAD] = false
+            else
+                rec[NEXT_PAYLOAD] = payload or true
+            end
             save(queue, field, rec)
             return DEFERRED
         end
