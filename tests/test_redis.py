@@ -739,6 +739,18 @@ async def test_colliding_digests_pass_the_random_model(
     await test_frontier_matches_a_simple_model_under_random_operations(colliding, clock)
 
 
+def remember_for_a_record(client: redis.Redis, q: str, remembered: list[Any]) -> None:
+    """Sets NEXT_DUE and what follows it (records.py) to `remembered` in every record of an
+    element not running (every copy: one may be misplaced already)."""
+    for bucket in client.scan_iter(match=q + "e:*"):
+        fields: Any = client.hgetall(bucket)  # redis-py types it "awaitable or value"
+        for field, raw in fields.items():
+            rec = records.unpack(raw)
+            if rec[records.STATE] != 2:  # not running
+                rec[records.NEXT_DUE :] = remembered
+                client.hset(bucket, field, msgpack.packb(rec))
+
+
 def misplace_a_record(client: redis.Redis, q: str) -> None:
     """Copies a record into a bucket that its field does not pick."""
     bucket = next(iter(client.scan_iter(match=q + "e:*")))
@@ -771,6 +783,8 @@ async def test_the_checker_finds_each_kind_of_damage(redis_server: RedisServer) 
             (lambda: client.hdel("{damage}:g:b.test", "id"), "group b.test: number"),
             (lambda: client.hset("{damage}:gn", "999", "c.test"), "group numbers for"),
             (lambda: misplace_a_record(client, q), "is in bucket"),
+            (lambda: remember_for_a_record(client, q, [False] * 4 + ["1"]), "incomplete"),
+            (lambda: remember_for_a_record(client, q, [1, 0, False, False]), "not running"),
         ]
         for damage, expected in damages:
             damage()

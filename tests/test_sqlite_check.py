@@ -22,6 +22,8 @@ async def test_the_checker_finds_each_kind_of_damage(tmp_path: Path, clock: Manu
             ("UPDATE groups SET running = running + 1 WHERE name = 'a.test'", "group a.test"),
             ("UPDATE elements SET lease_until = 1 WHERE state = 1", "its lease"),
             ("DELETE FROM frontier", "best ready element"),
+            ("UPDATE elements SET next_payload = '1' WHERE state = 2", "remembered"),
+            ("UPDATE elements SET next_due = 1, next_priority = 0 WHERE state = 1", "remembered"),
         ]
         for statement, expected in damages:
             with sqlite3.connect(path) as db:

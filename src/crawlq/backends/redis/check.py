@@ -11,7 +11,20 @@ from collections import Counter
 from typing import Any
 
 from . import records
-from .records import DIGEST_SIZE, DUE, GROUP, ID, KEY, LEASE, RANK_SIZE, STATE, WORKER
+from .records import (
+    DIGEST_SIZE,
+    DUE,
+    GROUP,
+    ID,
+    KEY,
+    LEASE,
+    NEXT_DUE,
+    NEXT_PAYLOAD,
+    NEXT_PRIORITY,
+    RANK_SIZE,
+    STATE,
+    WORKER,
+)
 
 NEVER = 1e300
 DELAYED, READY, RUNNING = 0, 1, 2
@@ -105,6 +118,12 @@ async def check(client: Any, prefix: str, now: float) -> list[str]:
                     held_by_worker.setdefault(rec[WORKER], set()).add(member)
             else:
                 problems.append(f"{where}: unknown state {state}")
+            if (rec[NEXT_DUE] is False) != (rec[NEXT_PRIORITY] is False) or (
+                rec[NEXT_DUE] is False and rec[NEXT_PAYLOAD] is not False
+            ):
+                problems.append(f"{where}: a schedule remembered for after its run is incomplete")
+            elif rec[NEXT_DUE] is not False and state != RUNNING:
+                problems.append(f"{where}: a schedule remembered for after its run, not running")
             if state in (DELAYED, READY):
                 queued_by_group[group] += 1
             elif state == RUNNING:

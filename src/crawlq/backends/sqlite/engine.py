@@ -795,6 +795,11 @@ class Engine:
                 for queue_id, key, state in store.run("check_leases")
             ]
             problems += [
+                f"element {key} of queue {queue_id}: its schedule remembered for after a run"
+                " is incomplete, or it is not running"
+                for queue_id, key in store.run("check_remembered")
+            ]
+            problems += [
                 f"frontier of queue {q}, group {g}: head {head}, best ready element {best}"
                 for q, g, head, best in store.run("check_frontier_heads")
             ]

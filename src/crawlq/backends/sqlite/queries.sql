@@ -371,6 +371,14 @@ SELECT g.name, g.queued, g.running, coalesce(a.queued, 0), coalesce(a.running, 0
 SELECT queue_id, key, state FROM elements
  WHERE (state = 2) != (lease_until IS NOT NULL) OR state NOT IN (0, 1, 2);
 
+-- name: check_remembered
+-- A schedule remembered for after a run (next_*) belongs to a running element, time and
+-- priority together.
+SELECT queue_id, key FROM elements
+ WHERE (next_due IS NULL) != (next_priority IS NULL)
+    OR (next_due IS NULL AND next_payload IS NOT NULL)
+    OR (next_due IS NOT NULL AND state != 2);
+
 -- name: check_frontier_heads
 -- Every (queue, group) with ready elements has a row showing its best one, and no other row.
 SELECT e.queue_id, e.group_id, f.head, e.id
