@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -104,16 +105,10 @@ class Board:
         bearer: bool = True,
     ) -> tuple[int, str]:
         """An HTTP request to the dashboard: (status, body), never a redirect followed."""
-        all_headers = dict(headers or {})
-        if bearer:
-            all_headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(self.base + path, data=data, headers=all_headers)
-        opener = urllib.request.build_opener(_NoRedirect)
-        try:
-            with opener.open(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        reply = http_request(
+            self.base + path, token=self.token if bearer else None, data=data, headers=headers
+        )
+        return reply.status, reply.body
 
     def start_worker(self) -> subprocess.Popen[str]:
         with self.worker_log.open("a") as log:
@@ -163,6 +158,39 @@ class Board:
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+@dataclass
+class Reply:
+    status: int
+    body: str
+    headers: Message
+
+    def cookie(self, name: str) -> str | None:
+        """The Set-Cookie header that sets `name`, whole (with its attributes)."""
+        found = [c for c in self.headers.get_all("set-cookie") or [] if c.startswith(f"{name}=")]
+        return found[-1] if found else None
+
+
+def http_request(
+    url: str,
+    *,
+    token: str | None,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> Reply:
+    """An HTTP request to a dashboard, with `token` as its bearer unless the headers carry
+    an Authorization of their own; never a redirect followed."""
+    sent = dict(headers or {})
+    if token is not None:
+        sent.setdefault("Authorization", f"Bearer {token}")
+    request = urllib.request.Request(url, data=data, headers=sent)
+    try:
+        with urllib.request.build_opener(_NoRedirect).open(request, timeout=timeout) as got:
+            return Reply(got.status, got.read().decode(), got.headers)
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, exc.read().decode(), exc.headers)
 
 
 @pytest.fixture(params=["sqlite", "redis"])

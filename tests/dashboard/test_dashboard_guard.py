@@ -14,11 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -30,27 +27,10 @@ from crawlq.observe.dashboard import LOOPBACK_HOSTS
 from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard, cookies
 
 from ..conftest import backend_url
-from .conftest import APP, ROOT
+from .conftest import APP, ROOT, Reply, http_request
 from .test_dashboard import CHROMIUM
 
 TOKEN = "tok-" + secrets.token_urlsafe(18)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@dataclass
-class Reply:
-    status: int
-    body: str
-    headers: Message
-
-    def cookie(self, name: str) -> str | None:
-        """The Set-Cookie header that sets `name`, whole (with its attributes)."""
-        found = [c for c in self.headers.get_all("set-cookie") or [] if c.startswith(f"{name}=")]
-        return found[-1] if found else None
 
 
 @dataclass
@@ -69,15 +49,10 @@ class Served:
         bearer: bool = True,
         timeout: float = 30,
     ) -> Reply:
-        sent = dict(headers or {})
-        if bearer:
-            sent.setdefault("Authorization", f"Bearer {TOKEN}")
-        request = urllib.request.Request(self.base + path, data=data, headers=sent)
-        try:
-            with urllib.request.build_opener(_NoRedirect).open(request, timeout=timeout) as got:
-                return Reply(got.status, got.read().decode(), got.headers)
-        except urllib.error.HTTPError as exc:
-            return Reply(exc.code, exc.read().decode(), exc.headers)
+        token = TOKEN if bearer else None
+        return http_request(
+            self.base + path, token=token, data=data, headers=headers, timeout=timeout
+        )
 
 
 Launch = Callable[..., Served]
