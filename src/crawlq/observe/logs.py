@@ -59,10 +59,10 @@ _SECRET_WORDS = (
     "session", "sessid", "signature", "passphrase", "passcode", "accesskey", "privatekey",
     "authoriz", "authentic",
 )  # fmt: skip
-#: Secret as a name, or as one word of a name (X-Auth-Key, access_key, X-Storage-Pass).
+#: Secret as a name, or as one word of a name (X-Auth-Key, access_key, X-Storage-Pass; not
+#: author=...).
 _SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid", "auth"})
 _NAME_WORDS = re.compile(r"[-_.]")
-_SECRET_STARTS = ("auth_", "auth-", "authorization")  # not author=...
 #: Cookies and API keys in headers written out, to the end of the line (or of the quotes).
 _SECRET_HEADER = re.compile(
     r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)"
@@ -105,11 +105,8 @@ def _masked_value(match: re.Match[str]) -> str:
 def secret_name(name: str) -> bool:
     """Whether a parameter, field or header called `name` holds a secret by its name."""
     lowered = name.lower()
-    return (
-        lowered in _SECRET_NAMES
-        or lowered.startswith(_SECRET_STARTS)
-        or any(word in lowered for word in _SECRET_WORDS)
-        or any(word in _SECRET_NAMES for word in _NAME_WORDS.split(lowered))
+    return any(word in lowered for word in _SECRET_WORDS) or not _SECRET_NAMES.isdisjoint(
+        _NAME_WORDS.split(lowered)
     )
 
 
