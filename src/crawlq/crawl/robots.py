@@ -194,11 +194,11 @@ class RobotsCache:
             if rules.failure in TRANSIENT:  # not a refused address: that stays refused
                 until = time.time() + max(0.0, rules.expires - self._clock()) + UNTIL_SLACK
             raise FetchError(rules.failure, url, rules.unavailable, until=until)
-        if rules.costly and rules.parser is not None:
-            allowed = await asyncio.to_thread(rules.parser.can_fetch, url, self._agent)
-            if not allowed:
-                raise refusal(url)
-        elif self._refuses(rules, url):
+        if rules.costly:
+            refused = await asyncio.to_thread(self._refuses, rules, url)
+        else:
+            refused = self._refuses(rules, url)
+        if refused:
             raise refusal(url)
 
     def disallows(self, url: str) -> bool:
