@@ -332,13 +332,11 @@ async def _crawl(
         await crawl.aclose()
     if child:
         _report(crawl.stats)  # the parent sums up
-        if worker.outputs_lost is not None:
-            raise _outputs_lost(worker.outputs_lost)
-        return
-    if live and progress:
-        sys.stderr.write("\n")
-    click.echo(render(final), err=True)
-    _summary(crawl, final, _this_run(crawl.stats))
+    else:
+        if live and progress:
+            sys.stderr.write("\n")
+        click.echo(render(final), err=True)
+        _summary(crawl, final, _this_run(crawl.stats))
     if worker.outputs_lost is not None:
         raise _outputs_lost(worker.outputs_lost)
 
