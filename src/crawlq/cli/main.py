@@ -33,6 +33,7 @@ from .crawl import crawl
 from .dashboard import dashboard
 from .inspect import check, dead, limits, stats
 from .pipeline import export, reprocess
+from .warc import warc
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -262,6 +263,7 @@ cli.add_command(crawl)
 cli.add_command(dashboard)
 cli.add_command(reprocess)
 cli.add_command(export)
+cli.add_command(warc)
 
 
 def _log_format_option(ctx: click.Context, _param: click.Parameter, value: str) -> str:

@@ -51,11 +51,11 @@ CREATE TABLE IF NOT EXISTS renditions (
 );
 CREATE INDEX IF NOT EXISTS renditions_by_url ON renditions (url, fetched_at);
 """
-_INSERT = (
+INSERT_RESPONSE = (
     "INSERT INTO responses (url, fetched_at, status, file, offset, length)"
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
-_INSERT_RENDITION = (
+INSERT_RENDITION = (
     "INSERT INTO renditions (url, fetched_at, file, offset, length) VALUES (?, ?, ?, ?, ?)"
 )
 _LATEST = (
@@ -68,8 +68,8 @@ _LATEST_RENDITION = (
 )
 
 
-_Row = tuple[str, float, int, str, int, int]  # as _INSERT takes them
-_RenditionRow = tuple[str, float, str, int, int]  # as _INSERT_RENDITION takes them
+_Row = tuple[str, float, int, str, int, int]  # as INSERT_RESPONSE takes them
+_RenditionRow = tuple[str, float, str, int, int]  # as INSERT_RENDITION takes them
 
 
 class ContentStore(Protocol):
@@ -186,8 +186,8 @@ class WarcStore:
         connection = self._connection()
         connection.execute("BEGIN")
         try:
-            connection.executemany(_INSERT, self._unindexed)
-            connection.executemany(_INSERT_RENDITION, self._unindexed_renditions)
+            connection.executemany(INSERT_RESPONSE, self._unindexed)
+            connection.executemany(INSERT_RENDITION, self._unindexed_renditions)
             connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:  # SQLite ends it itself on a full disk

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import hashlib
 import os
 import time
@@ -222,7 +223,7 @@ class RotatingWarcWriter:
             name = f"{self.prefix}-{self._run}-{self._sequence:05d}.warc.gz"
             self._sequence += 1
             with suppress(FileExistsError):
-                return name, open(self.directory / name, "xb", buffering=0)
+                return name, _hold(open(self.directory / name, "xb", buffering=0))
 
     def write(self, item: Response | Rendition) -> RecordRef:
         """Appends one record, whole, or raises and leaves the file as it was."""
@@ -377,6 +378,14 @@ def _write_all(file: FileIO, data: bytes) -> None:
         if not written:
             raise OSError(errno.ENOSPC, f"{file.name}: nothing written")
         view = view[written:]
+
+
+def _hold(file: FileIO) -> FileIO:
+    """Marks the file as being written until it is closed (or its process dies): `crawlq warc
+    check` leaves such a file alone. A file system without flock goes without the mark."""
+    with suppress(OSError):
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return file
 
 
 def _sync_directory(directory: Path) -> None:

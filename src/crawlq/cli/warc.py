@@ -1,0 +1,109 @@
+"""`crawlq warc check`: a crawl's WARC files read against their index, and put right."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..crawl.warc_check import CheckReport, check, warc_directory
+from ..observe.logs import printable
+from .common import Group
+
+#: The stale rows listed one by one; past this many, only how many more.
+SHOWN_ROWS = 20
+
+
+@click.group(cls=Group)
+def warc() -> None:
+    """A crawl's stored responses (WARC files and their index)."""
+
+
+@warc.command("check")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Index the records the index lacks, drop its rows that lead to no whole record and"
+    " cut off torn tails (files a running crawl is writing are left alone).",
+)
+@click.option("--progress/--no-progress", default=None, help="Default: on a terminal.")
+def warc_check(path: Path, repair: bool, progress: bool | None) -> None:
+    """Scan the WARC files of PATH (a WARC folder, or a crawl's --out or a pipeline's data
+    folder holding warc/) record by record and compare the index with them.
+
+    Exits 0 when every record is indexed, every row leads to a whole record, every file ends
+    whole (after --repair: once it made them so) and no file is damaged in the middle (the
+    records there are lost: nothing repairs that), 1 otherwise."""
+    directory = warc_directory(path)
+    files = sorted(directory.glob("*.warc.gz"))
+    total = sum(f.stat().st_size for f in files)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if progress and total:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
+        with Progress(*columns, transient=True) as bar:
+            task = bar.add_task("scan", total=total)
+            report = check(directory, repair=repair, progress=lambda n: bar.advance(task, n))
+    else:
+        report = check(directory, repair=repair)
+    for line in describe(report):
+        click.echo(line)
+    if report.damaged or not (report.clean or report.repaired):
+        sys.exit(1)
+
+
+def describe(report: CheckReport) -> list[str]:
+    """The report as lines a person reads (names and URLs escaped: they come from crawls)."""
+    size = sum(f.size for f in report.files)
+    lines = [
+        f"{report.directory}: {len(report.files)} files, {report.records:,} records,"
+        f" {size / 1e6:,.1f} MB"
+    ]
+    for scan in report.files:
+        name = printable(scan.name, one_line=True)
+        if scan.in_use:
+            lines.append(f"{name}: being written (a running crawl holds it): left alone")
+        elif scan.torn_at is not None:
+            lines.append(
+                f"{name}: torn tail: its last {scan.size - scan.torn_at:,} bytes (from"
+                f" {scan.torn_at:,}) are part of a record, cut off"
+            )
+        for start, end, why in scan.damage:
+            lines.append(
+                f"{name}: damaged: bytes {start:,} to {end:,} hold no whole record"
+                f" ({why}): the records there are lost"
+            )
+    if report.unindexed:
+        lines.append(f"index: {len(report.unindexed):,} records not indexed")
+    if report.stale:
+        lines.append(f"index: {len(report.stale):,} rows lead to no whole record:")
+        for row in report.stale[:SHOWN_ROWS]:
+            lines.append(
+                f"  {printable(row.url, one_line=True)} ({row.table}) in"
+                f" {printable(row.file, one_line=True)} at {row.offset:,}: {row.why}"
+            )
+        if len(report.stale) > SHOWN_ROWS:
+            lines.append(f"  ... and {len(report.stale) - SHOWN_ROWS:,} more")
+    if report.clean:
+        lines.append("every record indexed, every row a whole record, every file whole")
+    elif report.repaired:
+        lines.append(f"repaired: {_work(report, 'indexed', 'dropped', 'cut')}")
+    else:
+        work = _work(report, "index", "drop", "cut")
+        lines.append(f"to repair (crawlq warc check --repair): {work}")
+    return lines
+
+
+def _work(report: CheckReport, index: str, drop: str, cut: str) -> str:
+    parts = []
+    if report.unindexed:
+        parts.append(f"{index} {len(report.unindexed):,} records")
+    if report.stale:
+        parts.append(f"{drop} {len(report.stale):,} rows")
+    if report.torn:
+        parts.append(f"{cut} {len(report.torn):,} torn tails")
+    return ", ".join(parts)
