@@ -27,6 +27,7 @@ from crawlq.crawl.store import INDEX_FILE, open_index
 from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.crawl.testing.sites import page_html
 from crawlq.crawl.warc import RecordRef, read_record
+from crawlq.crawl.warc_check import check
 from crawlq.types import QueueStats
 
 from .test_cli_crawl import GUARD, PAGES, Gate, finish, run_crawl
@@ -138,6 +139,13 @@ async def test_a_kill_keeps_every_done_page_whole_and_a_torn_tail_takes_nothing_
         assert after[url] == before[url]
     lines = Counter(str(r["url"]) for r in read_records(tmp_path / PAGES_FILE))
     assert all(lines[url] == 1 for url in done), lines
+    # `crawlq warc check` finds the torn tail, and nothing else amiss; --repair cuts it off.
+    report = check(tmp_path / WARC_DIR)
+    assert [f.name for f in report.torn] == [killed.name]
+    assert not (report.unindexed or report.stale or report.damaged)
+    assert check(tmp_path / WARC_DIR, repair=True).repaired
+    assert check(tmp_path / WARC_DIR).clean
+    assert killed.read_bytes() == torn[: report.torn[0].torn_at]
 
 
 @contextmanager
