@@ -5,6 +5,7 @@ writer holds is left alone."""
 
 from __future__ import annotations
 
+import gzip
 import sqlite3
 import subprocess
 import sys
@@ -195,3 +196,38 @@ async def test_a_file_a_live_writer_holds_is_left_alone(tmp_path: Path) -> None:
     report = check(tmp_path)
     assert [r.url for _, r in report.unindexed] == [page(9).url]
     assert [f.name for f in report.torn] == [live.name]
+
+
+async def test_crawlq_warc_get_writes_the_latest_body_as_the_server_meant_it(
+    tmp_path: Path,
+) -> None:
+    await stored(tmp_path)
+    html = "<html><title>été</title></html>".encode("latin-1")
+    zipped = replace(
+        page(1),
+        headers=(("Content-Type", "text/html; charset=latin-1"), ("Content-Encoding", "gzip")),
+        raw=gzip.compress(html),
+        body=html,
+        fetched_at=1.9e9,
+    )
+    store = WarcStore(tmp_path)
+    await store.put(zipped)
+    await store.aclose()
+
+    def get(*args: str) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "crawlq", "warc", "get", str(tmp_path), *args]
+        return subprocess.run(command, capture_output=True, timeout=120)
+
+    assert get(page(1).url).stdout == html  # the newest record, gzip undone
+    assert get(page(2).url).stdout == page(2).raw
+    head = get(page(1).url, "--head")
+    assert head.returncode == 0
+    assert head.stdout.decode().splitlines() == [
+        f"200 {page(1).url}",
+        "fetched at 2030-03-17T17:46:40+00:00",
+        "Content-Type: text/html; charset=latin-1",
+        "Content-Encoding: gzip",
+    ]
+    missing = get("http://site.test/never")
+    assert missing.returncode == 1
+    assert b"no stored response for http://site.test/never" in missing.stderr

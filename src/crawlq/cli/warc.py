@@ -1,15 +1,19 @@
-"""`crawlq warc check`: a crawl's WARC files read against their index, and put right."""
+"""`crawlq warc`: a crawl's WARC files read against their index and put right (`check`), and
+a stored response read back (`get`)."""
 
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
+from ..crawl.store import WarcStore
+from ..crawl.warc import StoredResponse
 from ..crawl.warc_check import CheckReport, check, warc_directory
 from ..observe.logs import printable
-from .common import Group
+from .common import Group, run
 
 #: The stale rows listed one by one; past this many, only how many more.
 SHOWN_ROWS = 20
@@ -54,6 +58,36 @@ def warc_check(path: Path, repair: bool, progress: bool | None) -> None:
         click.echo(line)
     if report.damaged or not (report.clean or report.repaired):
         sys.exit(1)
+
+
+@warc.command("get")
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("url")
+@click.option("--head", is_flag=True, help="Print the status, fetch time and headers instead.")
+def warc_get(path: Path, url: str, head: bool) -> None:
+    """Write the body of URL's latest stored response (its Content-Encoding undone, as the
+    server sent it otherwise) to standard output, from the WARC files of PATH (as for
+    `check`). Nothing is fetched; exits 1 when URL has no stored response."""
+    store = WarcStore(warc_directory(path))
+
+    async def latest() -> StoredResponse | None:
+        try:
+            return await store.get(url)
+        finally:
+            await store.aclose()
+
+    response = run(latest)
+    if response is None:
+        raise click.ClickException(f"no stored response for {printable(url, one_line=True)}")
+    if head:
+        fetched = datetime.fromtimestamp(response.fetched_at, UTC).isoformat()
+        click.echo(f"{response.status} {printable(response.url, one_line=True)}")
+        click.echo(f"fetched at {fetched}")
+        for name, value in response.headers:
+            click.echo(printable(f"{name}: {value}", one_line=True))
+        return
+    sys.stdout.buffer.write(response.body)
+    sys.stdout.buffer.flush()
 
 
 def describe(report: CheckReport) -> list[str]:
