@@ -1,7 +1,7 @@
 """`crawlq warc check`: WARC files read against their index. A real crawl's outputs check
 clean; a lost index is rebuilt to give every URL the record it gave before; torn tails,
 rows into them and damage in the middle are found and (but damage) repaired; a file a live
-writer holds is left alone."""
+writer holds is not judged, and repair waits for the writer to be gone."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from warcio.archiveiterator import ArchiveIterator
 
 from crawlq.crawl.crawler import WARC_DIR, Crawl
-from crawlq.crawl.store import INDEX_FILE, WarcStore
+from crawlq.crawl.store import INDEX_FILE, WarcStore, open_index
 from crawlq.crawl.testing import Site, SyntheticWeb
 from crawlq.crawl.warc import RecordRef, Rendition, RotatingWarcWriter, read_record
-from crawlq.crawl.warc_check import check
+from crawlq.crawl.warc_check import check, compare, scan_file
+from crawlq.errors import ConfigError
 
 from .conftest import crawl_settings
 from .test_warc_faults import page
@@ -177,7 +179,7 @@ async def test_damage_in_the_middle_is_skipped_and_what_follows_is_still_found(
     assert (await latest(tmp_path))[page(1).url] == (older.raw, older.fetched_at)
 
 
-async def test_a_file_a_live_writer_holds_is_left_alone(tmp_path: Path) -> None:
+async def test_a_file_a_live_writer_holds_is_not_judged_nor_repaired(tmp_path: Path) -> None:
     await stored(tmp_path)
     before = set(tmp_path.glob("*.warc.gz"))
     writer = RotatingWarcWriter(tmp_path, max_file_bytes=1 << 20)
@@ -187,9 +189,11 @@ async def test_a_file_a_live_writer_holds_is_left_alone(tmp_path: Path) -> None:
         file.write(b"\x1f\x8b\x08\x00")  # as if a record were being written right now
     held = live.read_bytes()
     try:
-        report = check(tmp_path, repair=True)
+        report = check(tmp_path)
         assert [f.name for f in report.files if f.in_use] == [live.name]
-        assert report.clean and not report.repaired
+        assert report.clean
+        with pytest.raises(ConfigError, match="a crawl is writing here"):
+            check(tmp_path, repair=True)
         assert live.read_bytes() == held
     finally:
         writer.close()
@@ -231,3 +235,16 @@ async def test_crawlq_warc_get_writes_the_latest_body_as_the_server_meant_it(
     missing = get("http://site.test/never")
     assert missing.returncode == 1
     assert b"no stored response for http://site.test/never" in missing.stderr
+
+
+async def test_rows_of_a_file_made_after_the_scan_began_are_not_stale(tmp_path: Path) -> None:
+    """A running crawl made a file and indexed it between the scan and the index read."""
+    await stored(tmp_path, file_bytes=1 << 20)
+    scanned = [scan_file(path) for path in sorted(tmp_path.glob("*.warc.gz"))]
+    await stored(tmp_path, file_bytes=1 << 20)  # its own new file, indexed
+    assert len(list(tmp_path.glob("*.warc.gz"))) == 2
+
+    with closing(open_index(tmp_path / INDEX_FILE)) as index:
+        report = compare(tmp_path, scanned, index)
+
+    assert not report.stale and not report.unindexed

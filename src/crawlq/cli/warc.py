@@ -30,7 +30,7 @@ def warc() -> None:
     "--repair",
     is_flag=True,
     help="Index the records the index lacks, drop its rows that lead to no whole record and"
-    " cut off torn tails (files a running crawl is writing are left alone).",
+    " cut off torn tails (refused while a crawl writes there).",
 )
 @click.option("--progress/--no-progress", default=None, help="Default: on a terminal.")
 def warc_check(path: Path, repair: bool, progress: bool | None) -> None:

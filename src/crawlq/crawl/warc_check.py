@@ -16,8 +16,9 @@ trusting the index, and the index is compared with what was found:
 - bytes in the middle of a file that are no gzip member (a damaged disk) are *damage*: the
   scan goes on at the next member it finds, and the records in between are lost.
 
-A file a live writer holds (its flock, warc.py) is scanned but left alone: its newest
-records are not indexed until the writer's next sync, and its tail may be mid-write.
+A file a live writer holds (its flock, warc.py) is scanned but not judged: its newest records
+are not indexed until the writer's next sync, and its tail may be mid-write. Repair refuses
+to run while a writer holds any file of the folder.
 """
 
 from __future__ import annotations
@@ -117,15 +118,24 @@ def warc_directory(path: Path) -> Path:
 def check(
     directory: Path, *, repair: bool = False, progress: Callable[[int], None] | None = None
 ) -> CheckReport:
-    """Scans every file of `directory` and compares the index with it; with `repair`, indexes
-    the unindexed records, drops the stale rows and cuts off torn tails. `progress` is called
+    """Scans every file of `directory` and compares the index with it; with `repair` (refused
+    while a crawl writes there), indexes the unindexed records, drops the stale rows and cuts
+    off torn tails. `progress` is called
     with the bytes scanned as the scan goes. Without `repair` nothing is written (a missing
     index is read as an empty one)."""
     files = [scan_file(path, progress) for path in sorted(directory.glob("*.warc.gz"))]
+    held = [scan.name for scan in files if scan.in_use]
+    if repair and held:
+        # A running crawl's file between two records is held by no one, and its last records
+        # are indexed at the crawl's next sync: indexed here too, they would be twice.
+        raise ConfigError(
+            f"{directory}: a crawl is writing here ({held[0]} is open): stop it, then repair"
+            " (checking alone is safe)"
+        )
     if not repair and not (directory / INDEX_FILE).exists():
-        return _compare(directory, files, None)
+        return compare(directory, files, None)
     with closing(open_index(directory / INDEX_FILE)) as index:
-        report = _compare(directory, files, index)
+        report = compare(directory, files, index)
         if repair and not report.clean:
             _repair(report, index)
     return report
@@ -275,9 +285,10 @@ def _when(date: str) -> float:
         return 0.0
 
 
-def _compare(
+def compare(
     directory: Path, files: list[FileScan], index: sqlite3.Connection | None
 ) -> CheckReport:
+    """The index (None: none) read against the files as scanned."""
     by_file = {scan.name: scan for scan in files}
     whole = {
         (scan.name, r.offset): (r.length, _INDEXED_KINDS[r.kind])
@@ -294,6 +305,8 @@ def _compare(
             if found == (length, table):
                 indexed.add((name, offset, length, table))
                 continue
+            if scan is None and (directory / name).exists():
+                continue  # a file a running crawl made after the scan began
             if scan is not None and scan.in_use:
                 continue  # being written: judged once its writer is done
             if scan is None:
