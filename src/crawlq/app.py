@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import checks
 from .backends import DEFAULT_URL, Backend, open_backend
+from .cron import Cron
 from .errors import ConfigError, UnknownQueue
 from .limits import check_pattern
 from .observe.logs import redact
@@ -129,6 +130,8 @@ class App:
         timeout: float | None = None,
         start: bool = False,
         seen: bool = False,
+        cron: str | None = None,
+        cron_tz: str = "UTC",
     ) -> Callable[[F], Task[Any]]: ...
 
     def task(
@@ -144,14 +147,22 @@ class App:
         timeout: float | None = None,
         start: bool = False,
         seen: bool = False,
+        cron: str | None = None,
+        cron_tz: str = "UTC",
     ) -> Task[Any] | Callable[[F], Task[Any]]:
-        """Registers a task. `start=True` marks an entry point of the job (`crawlq start`)."""
+        """Registers a task. `start=True` marks an entry point of the job (`crawlq start`);
+        `cron="0 2 * * *"` (in UTC, or the IANA zone `cron_tz`) makes it one that workers of
+        its queue also run at each time the expression matches (cron.py), with the time as
+        its element."""
 
         def register(fn: F) -> Task[Any]:
             queue_name = checks.name(fn.__name__ if queue is None else queue, "queue name")
             if queue_name in self.tasks:
                 raise ConfigError(f"two tasks use queue {queue_name!r}: give one a queue= name")
             what = f"task {queue_name!r}:"
+            schedule = None if cron is None else Cron.parse(cron, cron_tz)
+            if schedule is not None and key is not None:
+                raise ConfigError(f"{what} a cron task's elements are its times: it takes no key=")
             if checks.seconds(lease, f"{what} lease") <= 0:
                 raise ConfigError(f"{what} lease must be positive, got {lease!r}")
             if timeout is not None and checks.seconds(timeout, f"{what} timeout") <= 0:
@@ -166,7 +177,8 @@ class App:
                     cap=policy.cap,
                     jitter=policy.jitter,
                 )
-            group_by, group_function = group_option(None if start else group)
+            starts = start or schedule is not None
+            group_by, group_function = group_option(None if starts else group)
             options = TaskOptions(
                 queue=queue_name,
                 group_by=group_by,
@@ -174,9 +186,10 @@ class App:
                 key=key,
                 retry=policy,
                 lease=lease,
-                start=start,
+                start=starts,
                 seen=seen,
                 timeout=timeout,
+                cron=schedule,
             )
             task: Task[Any] = Task(fn, options)
             self.tasks[queue_name] = task

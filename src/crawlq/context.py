@@ -35,6 +35,7 @@ class Context:
         self.key = claimed.key
         self.group = claimed.group
         self.attempt = claimed.attempt
+        self.due = claimed.due  # when the element was due (a retry's due time on a retry)
         self.claimed_at = claimed.claimed_at
         self._backend = backend
         self._loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .checks import MAX_NAME, shorten, unicode_error
+from .cron import Cron, fire, is_trigger
 from .errors import ConfigError, InvalidElement
 from .grouping import GroupFunction, element_url, group_of
 from .identity import canonical_json, check_key
@@ -39,6 +40,7 @@ class TaskOptions:
     start: bool
     seen: bool
     timeout: float | None
+    cron: Cron | None = None
 
 
 def group_option(group: GroupOption) -> tuple[GroupBy, GroupFunction | None]:
@@ -102,6 +104,8 @@ class Task(Generic[R]):
         )
 
     async def run(self, ctx: Context, element: Any) -> Any:
+        if self.options.cron is not None and is_trigger(element, self.name):
+            return await fire(self, self.options.cron, ctx)
         return await call_task_function(self.function, self.is_async, ctx, element)
 
 

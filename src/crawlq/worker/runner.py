@@ -34,6 +34,7 @@ from typing import Any
 from ..app import App
 from ..backends import Backend
 from ..context import Context
+from ..cron import plant
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
 from ..tasks import Task, sync_executor
@@ -177,6 +178,7 @@ class Worker:
             concurrency=self.concurrency,
         )
         await backend.register_worker(info)
+        await plant(self.tasks.values(), backend)
         heartbeats = asyncio.create_task(
             self._heartbeats(backend, info), name=f"crawlq-heartbeat-{self.id}"
         )
@@ -555,6 +557,7 @@ class Worker:
             if backend.epoch != registered:  # a Redis back from a crash may have lost it
                 try:
                     await backend.register_worker(info)
+                    await plant(self.tasks.values(), backend)  # and the cron triggers
                     registered = backend.epoch
                 except Exception:
                     log.exception("registering worker %s again failed; retrying", self.id)
