@@ -4,6 +4,7 @@ up once after a gap, and keep the chain going when an occurrence fails for good.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,13 +12,15 @@ from typing import Any
 
 import pytest
 
-from crawlq import App, ConfigError, Context
+from crawlq import App, ConfigError, Context, cron
 from crawlq.cron import Cron, trigger
 from crawlq.identity import canonical_json
 from crawlq.worker import Worker
 
 from .conftest import backend_url
 from .helpers import ManualClock
+
+GUARD = 60.0  # seconds: only a failing test waits this long
 
 
 def at(text: str) -> float:
@@ -99,12 +102,14 @@ def test_a_cron_task_takes_no_key_function(tmp_path: Path) -> None:
 class Job:
     """A cron app on a backend with a manual clock; `ran` holds the elements its task got."""
 
-    def __init__(self, url: str, clock: ManualClock, *, fail: bool = False) -> None:
+    def __init__(
+        self, url: str, clock: ManualClock, *, fail: bool = False, lease: float = 60.0
+    ) -> None:
         self.clock = clock
         self.app = App(url, clock=clock)
         self.ran: list[Any] = []
 
-        @self.app.task(cron="0 2 * * *", max_attempts=1)
+        @self.app.task(cron="0 2 * * *", max_attempts=1, lease=lease)
         def nightly(ctx: Context, when: str) -> None:
             self.ran.append(when)
             if fail:
@@ -116,11 +121,15 @@ class Job:
         """A worker starts, runs what is due, and stops once nothing is due soon."""
         await Worker(self.app, burst=True, concurrency=4).run()
 
-    async def trigger_due(self) -> float | None:
+    async def trigger_due_or_none(self) -> float | None:
         backend = await self.app.backend()
         info = await backend.element("nightly", canonical_json(trigger("nightly")))
-        assert info is not None and info.state == "delayed"
-        return info.due
+        return None if info is None or info.state != "delayed" else info.due
+
+    async def trigger_due(self) -> float:
+        due = await self.trigger_due_or_none()
+        assert due is not None
+        return due
 
     async def counts(self) -> tuple[int, int]:
         (stats,) = await (await self.app.backend()).queue_stats(["nightly"])
@@ -194,4 +203,29 @@ async def test_crawlq_start_runs_a_cron_task_now_beside_its_schedule(job_url: st
         assert job.ran == [None]
         assert await job.trigger_due() == at("2026-11-25T02:00Z")
     finally:
+        await job.app.aclose()
+
+
+async def test_a_running_worker_plants_a_trigger_moved_away_back_in_its_place(
+    job_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trigger lost from its chain (dead-lettered when the backend failed mid-run, moved by
+    hand) comes back within cron.REPLANT_EVERY without a worker restart."""
+    monkeypatch.setattr(cron, "REPLANT_EVERY", 0.0)
+    clock = ManualClock(at("2026-11-24T10:00Z"))
+    job = Job(job_url, clock, lease=0.6)  # heartbeats (and plantings) 0.2 s apart
+    worker = Worker(job.app, concurrency=1)
+    running = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(GUARD):
+            while await job.trigger_due_or_none() != at("2026-11-25T02:00Z"):
+                await asyncio.sleep(0.01)
+            await job.app.aschedule(job.task, trigger("nightly"), seconds=10 * 365 * 86400)
+            assert await job.trigger_due() > at("2030-01-01T00:00Z")
+            while await job.trigger_due_or_none() != at("2026-11-25T02:00Z"):
+                await asyncio.sleep(0.01)
+        assert job.ran == []
+    finally:
+        worker.stop()
+        await running
         await job.app.aclose()

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 #: The payload of a cron task's trigger element; the task's name is its value.
 TRIGGER = "crawlq.cron"
+#: Seconds between a running worker's plantings of its cron triggers: one lost (dead-lettered
+#: after its backend failed in the middle of its run, or moved by hand) is back by then.
+REPLANT_EVERY = 300.0
 #: An expression matching no time in this many years is refused (`0 0 30 2 *`).
 HORIZON_YEARS = 8
 

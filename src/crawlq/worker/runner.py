@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import cron
 from ..app import App
 from ..backends import Backend
 from ..context import Context
-from ..cron import plant
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
 from ..tasks import Task, sync_executor
@@ -178,7 +178,7 @@ class Worker:
             concurrency=self.concurrency,
         )
         await backend.register_worker(info)
-        await plant(self.tasks.values(), backend)
+        await cron.plant(self.tasks.values(), backend)
         heartbeats = asyncio.create_task(
             self._heartbeats(backend, info), name=f"crawlq-heartbeat-{self.id}"
         )
@@ -552,15 +552,22 @@ class Worker:
         interval = max(0.05, min(self.leases.values()) / 3)
         loop = asyncio.get_running_loop()
         registered = backend.epoch
+        replant_at = loop.time() + cron.REPLANT_EVERY
         while True:
             await asyncio.sleep(interval)
             if backend.epoch != registered:  # a Redis back from a crash may have lost it
                 try:
                     await backend.register_worker(info)
-                    await plant(self.tasks.values(), backend)  # and the cron triggers
+                    await cron.plant(self.tasks.values(), backend)  # and the cron triggers
                     registered = backend.epoch
                 except Exception:
                     log.exception("registering worker %s again failed; retrying", self.id)
+            elif loop.time() >= replant_at:
+                replant_at = loop.time() + cron.REPLANT_EVERY
+                try:
+                    await cron.plant(self.tasks.values(), backend)
+                except Exception:
+                    log.exception("worker %s: planting cron triggers again failed", self.id)
             running = [t for t in self._inflight if t not in self._lapsed]
             pending = [
                 *(self._inflight[t] for t in running),
