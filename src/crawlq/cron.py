@@ -3,13 +3,13 @@
 The queue does the bookkeeping, so any number of workers on any number of machines fire
 each occurrence once, with nothing else running. Each cron task's queue holds one *trigger*
 element (`trigger`), due at the next occurrence; being unique, it is one whatever number of
-workers plant it (each does when it starts, `Mode.ONLY_IF_EARLIER`). When the trigger runs,
-it schedules the occurrence's own element (its time, as text: "2026-11-25T02:00:00Z", which
-the task's function receives) with its ack, and the next trigger while it runs (the queue
-remembers a schedule made while its element runs, and applies it however the run ends): the
-chain never breaks, and a failing occurrence retries and dead-letters on its own, as any
-element does. An occurrence missed while no worker ran is run once when one comes back,
-with the time it was due.
+workers plant it (each does as it starts and every REPLANT_EVERY, `Mode.ONLY_IF_EARLIER`).
+When the trigger runs, it schedules in one step the occurrence's own element (its time, as
+text: "2026-11-25T02:00:00Z", which the task's function receives) and the next trigger (the
+queue remembers a schedule made while its element runs, and applies it however the run
+ends): the chain never breaks, and a failing occurrence retries and dead-letters on its own,
+as any element does. An occurrence missed while no worker ran is run once when one comes
+back, with the time it was due.
 
 Expressions are the five fields of Vixie cron (minute, hour, day of month, month, day of
 week: `*`, `5`, `1-5`, `*/15`, `1-30/2`, lists, JAN-DEC and SUN-SAT, 7 for Sunday too; a
@@ -201,11 +201,11 @@ async def plant(tasks: Iterable[Task[Any]], backend: Backend) -> None:
 
 
 async def fire(task: Task[Any], cron: Cron, ctx: Context) -> None:
-    """A trigger's run: the occurrence it was due for, scheduled with its ack (once: a trigger
-    run again after a crash finds it queued or running), and the next trigger, which the queue
-    remembers while this one runs."""
+    """A trigger's run: the occurrence it was due for and the next trigger (which the queue
+    remembers while this one runs), in one atomic schedule. A crash before it runs the trigger
+    again; after it, its lease's end requeues the trigger at the next occurrence (with its ack,
+    the occurrence would have been lost then), so each occurrence is scheduled once."""
     now = ctx.backend.now()
     occurrence = task.prepare(occurrence_text(ctx.due), due=now, mode=Mode.ONLY_IF_NEW)
-    ctx.with_ack.append(occurrence)
     following = task.prepare(trigger(task.name), due=cron.next_after(max(now, ctx.due)))
-    await ctx.backend.schedule([following])
+    await ctx.backend.schedule([occurrence, following])
