@@ -229,3 +229,26 @@ async def test_a_running_worker_plants_a_trigger_moved_away_back_in_its_place(
         worker.stop()
         await running
         await job.app.aclose()
+
+
+async def test_a_worker_lost_in_the_middle_of_a_trigger_s_run_loses_no_occurrence(
+    job_url: str,
+) -> None:
+    """The worker dies once the trigger's run wrote its schedules, before its ack: the
+    lease's end requeues the trigger at the next occurrence, and tonight's still runs."""
+    clock = ManualClock(at("2026-11-24T10:00Z"))
+    job = Job(job_url, clock)
+    try:
+        await job.work()
+        clock.t = at("2026-11-25T02:00Z")
+        backend = await job.app.backend()
+        (claimed,) = (await backend.claim(["nightly"], worker="lost", limit=1, lease=60)).elements
+        element = json.loads(claimed.payload)
+        await job.task.run(Context(job.app, backend, claimed, element), element)
+        clock.t += 61  # the lost worker's lease runs out
+        await job.work()
+        assert job.ran == ["2026-11-25T02:00:00Z"]
+        assert await job.trigger_due() == at("2026-11-26T02:00Z")
+        assert await backend.check() == []
+    finally:
+        await job.app.aclose()
