@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import fnmatch
 import functools
+import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,10 +32,12 @@ from ..crawl.response import Response
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
 from ..errors import ConfigError, Permanent
+from ..observe.metrics_folder import _pid_exists as pid_exists
 from ..results import Record, ResultsStore
 from ..results.store import as_records
 from ..retry import Retry
 from ..tasks import GroupOption, KeyFunction, Task, call_task_function
+from ..types import WorkerInfo
 from ..worker import Worker, WorkerStats
 from .writer import OutputWriter
 
@@ -313,7 +316,7 @@ class Pipeline:
 
 
 async def _refuse_busy_queues(backend: Backend, queues: Sequence[str]) -> None:
-    busy = [w for w in await backend.workers() if set(w.queues) & set(queues)]
+    busy = [w for w in await backend.workers() if set(w.queues) & set(queues) and not _gone(w)]
     if busy:
         shown = ", ".join(f"pid {w.pid} on {w.host}" for w in busy[:5])
         raise ConfigError(
@@ -321,3 +324,10 @@ async def _refuse_busy_queues(backend: Backend, queues: Sequence[str]) -> None:
             " part of the reprocess with the code they loaded. Stop them first, leave the work"
             " to them (--no-run), or run beside them anyway (--force)."
         )
+
+
+def _gone(worker: WorkerInfo) -> bool:
+    """Whether `worker` ran on this machine in a process that is no more (killed, its row
+    left in the queue until its heartbeat ages out): a reprocess run again after one was
+    killed is not refused because of itself."""
+    return worker.host == socket.gethostname() and not pid_exists(worker.pid)
