@@ -4,6 +4,7 @@ marker file, never a timer. Waits are bounded polls for a condition."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,3 +102,20 @@ def test_a_reprocess_killed_midway_runs_again_at_once(job: Job) -> None:
     out = job.ok("reprocess", APP, "parse", PIPE_VERSION="2")
     assert f"scheduled {len(URLS)} inputs of parse" in out, out
     expect_version(job, "2")
+
+
+def test_an_export_killed_midway_leaves_the_last_one_whole(job: Job, tmp_path: Path) -> None:
+    """Killed after writing its first record, an export left a file holding only that
+    record where the last whole export was (a consumer reads one page of a nightly four).
+    The next export removes what the killed one left."""
+    for suffix in ("jsonl", "csv", "parquet"):
+        out = tmp_path / f"lines.{suffix}"
+        job.ok("export", APP, "line", str(out))
+        before = out.read_bytes()
+        job.killed_when_held("export", APP, "line", str(out), hold="export")
+        assert out.read_bytes() == before, suffix
+        job.ok("export", APP, "line", str(out))
+        assert out.read_bytes() == before, suffix
+        assert [p.name for p in tmp_path.glob(f"*lines.{suffix}*")] == [out.name]
+    first = json.loads((tmp_path / "lines.jsonl").read_text().splitlines()[0])
+    assert first == {"key": f"{URLS[0]}#0", "text": f"{URLS[0]} line 0", "version": "1"}

@@ -1,6 +1,8 @@
 """Exports a record type of the results store: JSON lines, CSV or Parquet, ordered by key.
 
 Records are read and written a page at a time, so an export of any size takes little memory.
+The file is written beside its path, then put in its place whole: an export killed or failed
+midway leaves the previous one there, as it was.
 JSON lines hold each record as written: lists, dicts and booleans as JSON has them. In CSV,
 lists and dicts are cells of JSON text, booleans true and false. CSV cells that a spreadsheet
 would run as a formula (text starting with = + - @, a tab or a carriage return) are written
@@ -13,14 +15,19 @@ decimals is a float column.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import glob
 import json
+import os
+import secrets
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..observe.metrics_folder import _pid_exists as pid_exists
 from .store import ResultsStore
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -48,21 +55,50 @@ def export(
     if type_ not in store.types():
         known = ", ".join(store.types()) or "none yet"
         raise ConfigError(f"no record type {type_!r} in {store.path} (types: {known})")
+    final, part = _part(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = store.rows(type_)
+        target = part or path
         if chosen == "jsonl":
-            return _jsonl(rows, path)
-        if chosen == "csv":
-            return _csv(rows, store.columns(type_), path, escape_formulas)
-        return _parquet(rows, store.column_kinds(type_), path)
+            count = _jsonl(rows, target)
+        elif chosen == "csv":
+            count = _csv(rows, store.columns(type_), target, escape_formulas)
+        else:
+            count = _parquet(rows, store.column_kinds(type_), target)
+        if part is not None:
+            with part.open("rb") as written:  # on disk before it takes the last one's place
+                os.fsync(written.fileno())
+            os.replace(part, final)
+        return count
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if isinstance(exc, FileExistsError):  # from mkdir: a file where a folder must be
             reason = "a file, not a folder"
-        if exc.filename and str(exc.filename) != str(path):
+        if exc.filename and str(exc.filename) not in (str(path), str(part)):
             reason = f"{exc.filename}: {reason}"
         raise ConfigError(f"cannot write {path}: {reason}") from None
+    finally:
+        if part is not None:
+            with contextlib.suppress(OSError):  # gone once it took its place
+                part.unlink()
+
+
+def _part(path: Path) -> tuple[Path, Path | None]:
+    """The file an export to `path` replaces (`path`, or its target if it is a symlink), and
+    where the export is written before it takes that file's place whole, so that a killed
+    or failed export leaves the last one as it was: a hidden file beside it, named with this
+    process's id (those of processes gone are removed). No such file for a path that is
+    neither a file nor nothing yet (/dev/stdout, a pipe): it is written in place."""
+    if path.exists() and not path.is_file():
+        return path, None
+    final = Path(os.path.realpath(path)) if path.is_symlink() else path
+    with contextlib.suppress(OSError):  # what exports killed here left
+        for old in final.parent.glob(f".{glob.escape(final.name)}.*-*.part"):
+            pid = old.name[len(final.name) + 2 :].split("-", 1)[0]
+            if pid.isdigit() and not pid_exists(int(pid)):
+                old.unlink()
+    return final, final.with_name(f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}.part")
 
 
 def _jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
