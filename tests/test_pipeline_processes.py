@@ -4,9 +4,11 @@ marker file, never a timer. Waits are bounded polls for a condition."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,6 +104,26 @@ def test_a_reprocess_killed_midway_runs_again_at_once(job: Job) -> None:
     out = job.ok("reprocess", APP, "parse", PIPE_VERSION="2")
     assert f"scheduled {len(URLS)} inputs of parse" in out, out
     expect_version(job, "2")
+
+
+def test_a_page_is_an_input_of_parse_only_once_its_response_is_stored(job: Job) -> None:
+    """The fetch stage wrote its page's reference (what `reprocess parse` reads) as soon as
+    the page was fetched, its response indexed in the WARC store only with the batch: a
+    fetch worker killed in between (or a reprocess looking meanwhile) left an input of parse
+    without a stored response, and every reprocess of parse failed on it for good."""
+    new = "http://shop.test/new.csv"
+    job.ok("schedule", "--app", APP, "--text", "download", new)
+    with contextlib.closing(sqlite3.connect(job.data / "warc" / "index.sqlite")) as index:
+        index.execute("BEGIN IMMEDIATE")  # the responses stay unindexed until it ends
+        job.killed_when_held("worker", APP, "--queue", "download", hold="sync")
+    out = job.ok("reprocess", APP, "parse")
+    assert out == (
+        f"scheduled {len(URLS)} inputs of parse; ran parse -> total: {2 * len(URLS)} done,"
+        " 0 failed (0 dead)\n"
+    )
+    expect_version(job, "1")
+    job.ok("worker", APP, "--burst")  # the download again, once its lease ran out
+    assert [r["key"] for r in job.rows("total")] == sorted([*URLS, new])
 
 
 def test_an_export_killed_midway_leaves_the_last_one_whole(job: Job, tmp_path: Path) -> None:

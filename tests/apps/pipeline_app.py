@@ -8,8 +8,9 @@ the network: `download` makes each page from its URL.
     total      one `total` record per page: how many lines parse wrote, and their version
 
 PIPE_HOLD=`stage:ref` holds that stage on that input, PIPE_HOLD=`export` an export after its
-first record: it writes its pid to `held` in PIPE_DATA, then waits until killed. The test
-SIGKILLs it there, at a point it chose rather than at a time.
+first record, PIPE_HOLD=`sync` a worker when it puts its tasks' outputs on disk before it
+records them done: it writes its pid to `held` in PIPE_DATA, then waits until killed. The
+test SIGKILLs it there, at a point it chose rather than at a time.
 """
 
 from __future__ import annotations
@@ -59,8 +60,19 @@ class HeldStore(ResultsStore):
 pipeline.results = HeldStore(pipeline.results.path)
 
 
+class HeldSync:
+    """A resource the worker syncs with the pipeline's (PIPE_HOLD=sync holds there)."""
+
+    async def sync(self) -> None:
+        held("sync")
+
+
+app.provide("held", HeldSync)
+
+
 @pipeline.fetch(retry=fast, lease=3)
 async def download(ctx: crawlq.Context, url: str) -> Response:
+    ctx.app.shared("held")
     body = "".join(f"{url} line {n}\n" for n in range(3)).encode()
     return Response(
         url=url,

@@ -82,7 +82,7 @@ class Pipeline:
         self.stages: list[Stage] = []
         self._finish: Callable[[ResultsStore], Any] | None = None
         app.provide(WARC, lambda: WarcStore(self.warc_dir))
-        app.provide(OUTPUTS, lambda: OutputWriter(self.results))
+        app.provide(OUTPUTS, lambda: OutputWriter(self.results, self._sync_responses))
         _pipelines[app] = self
 
     def __repr__(self) -> str:
@@ -127,8 +127,10 @@ class Pipeline:
                 warc: WarcStore = ctx.app.shared(WARC)
                 for hop in response.chain:
                     await warc.put(hop)
-                # the reference, for `reprocess` to find (the records are the WARC's)
-                await self._write(ctx, name, response.url, [])
+                # the reference, for `reprocess` to find (the records are the WARC's), written
+                # once the responses are on disk and indexed, before this task is done
+                writer: OutputWriter = ctx.app.shared(OUTPUTS)
+                writer.note(name, response.url)
                 await self._next(ctx, name, response.url)
 
             return self._add_stage(
@@ -249,6 +251,10 @@ class Pipeline:
         if stored is None:
             raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
         return stored
+
+    async def _sync_responses(self) -> None:
+        warc: WarcStore = self.app.shared(WARC)
+        await warc.sync()
 
     async def _write(self, ctx: Context, name: str, ref: str, records: list[Record]) -> None:
         writer: OutputWriter = ctx.app.shared(OUTPUTS)

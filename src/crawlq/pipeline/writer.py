@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..results import Record, ResultsStore
@@ -11,11 +11,13 @@ from ..results import Record, ResultsStore
 
 class OutputWriter:
     """Writes `(stage, ref, records)` outputs (`ResultsStore.replace`) on a thread of its own:
-    the fetch stage's outputs, one per download on the path that holds the sub-domain's slot,
-    no longer queue behind parsing in the worker's thread pool (mean 45 ms in the demo ETL)."""
+    they no longer queue behind parsing in the worker's thread pool (mean 45 ms in the demo
+    ETL). The fetch stage's, one per download, are written with the worker's sync (`note`)."""
 
-    def __init__(self, results: ResultsStore) -> None:
+    def __init__(self, results: ResultsStore, stored: Callable[[], Awaitable[None]]) -> None:
         self.results = results
+        self._stored = stored
+        self._pending: list[tuple[str, str]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-results")
 
     async def replace(self, stage: str, ref: str, records: Sequence[Record]) -> None:
@@ -23,11 +25,26 @@ class OutputWriter:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self.results.replace, stage, ref, records)
 
+    def note(self, stage: str, ref: str) -> None:
+        """`stage` (the fetch stage) stored its output for `ref` where `stored()` puts it on
+        disk (the WARC store): the reference, what the next stage's reprocess reads, is
+        written by the next `sync`, once `stored()` has returned. Written at once, a worker
+        killed before its WARC records were indexed left an input without its response."""
+        self._pending.append((stage, ref))
+
     async def sync(self) -> None:
         """Every output written so far on disk (the worker awaits it before it records the
-        elements that wrote them done: see App.sync_shared)."""
+        elements that wrote them done: see App.sync_shared), noted references included."""
         loop = asyncio.get_running_loop()
+        noted, self._pending = self._pending, []
+        if noted:
+            await self._stored()  # raising: the references are dropped, their pages run again
+            await loop.run_in_executor(self._thread, self._write_noted, noted)
         await loop.run_in_executor(self._thread, self.results.sync)
+
+    def _write_noted(self, noted: list[tuple[str, str]]) -> None:
+        for stage, ref in noted:
+            self.results.replace(stage, ref, [])
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._thread.shutdown)  # its last writes finish first
