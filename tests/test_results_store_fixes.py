@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from crawlq.errors import ConfigError, Permanent
+from crawlq.results import export
 from crawlq.results.store import ROWS_PAGE, InvalidRecord, KeyConflict, Record, ResultsStore
 
 
@@ -74,6 +76,24 @@ def test_duplicate_key_in_one_output_is_refused(tmp_path: Path) -> None:
 def test_bad_values_are_refused_when_the_record_is_built(value: object, says: str) -> None:
     with pytest.raises(InvalidRecord, match=f"record 'line' key 'k': field 'price': .*{says}"):
         line("k", units=1, price=value)
+
+
+def test_text_utf8_cannot_hold_is_refused_when_the_record_is_built(tmp_path: Path) -> None:
+    """A lone surrogate (scraped JSON cut inside a pair, "caf\\ud83d") failed in SQLite when
+    the stage wrote it (UnicodeEncodeError: retried, naming no record), or, inside a list or
+    dict, was stored, and from then on every export of the type failed on it."""
+    cut = json.loads('"caf\\ud83d"')
+    for value in (cut, [cut], {"name": cut}, {cut: 1}):
+        with pytest.raises(InvalidRecord, match=r"field 'price': .*lone surrogate '\\ud83d'"):
+            line("k", price=value)
+    with pytest.raises(InvalidRecord, match=r"record 'line': key 'caf\\ud83d': .*lone surrogate"):
+        line(cut)
+    store = ResultsStore(tmp_path / "r.sqlite")
+    store.replace("parse", "r", [line("café 😀", price=["café 😀"], name="ü")])
+    assert export(store, "line", tmp_path / "line.jsonl") == 1
+    written = json.loads((tmp_path / "line.jsonl").read_text(encoding="utf-8"))
+    assert written == {"key": "café 😀", "price": ["café 😀"], "name": "ü"}
+    store.close()
 
 
 def test_invalid_record_is_a_config_error_and_permanent() -> None:

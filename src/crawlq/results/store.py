@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import ConfigError, Permanent
 from ..types import JSON
 from ..writelock import WriteLock, immediate, open_shared
-from .values import KINDS, Scalar, encode, row_reader, value_problem
+from .values import KINDS, Scalar, encode, row_reader, text_problem, value_problem
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated", KINDS})
@@ -82,6 +82,9 @@ class Record:
                 f"record {self.type!r}: key must be a string, got {type(self.key).__name__}"
                 f" {self.key!r}"
             )
+        problem = text_problem(self.key)
+        if problem:
+            raise InvalidRecord(f"record {self.type!r}: key {self.key!r}: {problem}")
         folded: dict[str, str] = {}
         for name, value in self.data.items():
             check_name(name, f"field of {self.type!r}", InvalidRecord)

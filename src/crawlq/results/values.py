@@ -31,20 +31,37 @@ _COMPACT = (",", ":")
 def value_problem(value: object) -> str | None:
     """Why `value` cannot be a field's value (None if it can): JSON only (str, int, float,
     bool, None, and lists and dicts of them with text keys), no NaN or infinity, top-level
-    ints in int64 (SQLite's INTEGER; nested ones are kept in the field's JSON text)."""
-    if value is None or isinstance(value, str | bool):
+    ints in int64 (SQLite's INTEGER; nested ones are kept in the field's JSON text), text
+    that UTF-8 can hold (`text_problem`)."""
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, str):
+        return text_problem(value)
     if isinstance(value, int):
         return None if value in _INT64 else f"{value} does not fit a 64-bit integer"
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{value} is not a JSON number"
     if isinstance(value, dict | list | tuple):
         try:
-            json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             return f"not JSON: {exc}"
-        return _key_problem(value)
+        return _key_problem(value) or text_problem(text)
     return f"{type(value).__name__} {value!r} is not a JSON value"
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be stored (None if it can): a lone surrogate (JSON text cut inside a
+    pair, bytes decoded with surrogateescape), which UTF-8, so SQLite and every export, cannot
+    hold."""
+    if text.isascii():
+        return None
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        near = text[max(0, exc.start - 20) : exc.end + 20]
+        return f"text {near!r} has a lone surrogate {text[exc.start]!r}, which UTF-8 cannot hold"
+    return None
 
 
 def _key_problem(value: object) -> str | None:
