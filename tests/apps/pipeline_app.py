@@ -34,7 +34,9 @@ VERSION = os.environ.get("PIPE_VERSION", "1")
 
 app = crawlq.App(os.environ["CRAWLQ_BACKEND"])
 pipeline = Pipeline(app, data=DATA)
-fast = crawlq.Retry(max_attempts=2, base=0.01, cap=0.01, jitter=0)
+#: Short, so that what a killed process held comes back soon; long enough for a loaded machine.
+LEASE = 5.0
+fast = crawlq.Retry(max_attempts=3, base=0.01, cap=0.01, jitter=0)
 
 
 def held(what: str) -> None:
@@ -70,7 +72,7 @@ class HeldSync:
 app.provide("held", HeldSync)
 
 
-@pipeline.fetch(retry=fast, lease=3)
+@pipeline.fetch(retry=fast, lease=LEASE)
 async def download(ctx: crawlq.Context, url: str) -> Response:
     ctx.app.shared("held")
     body = "".join(f"{url} line {n}\n" for n in range(3)).encode()
@@ -87,7 +89,7 @@ async def download(ctx: crawlq.Context, url: str) -> Response:
     )
 
 
-@pipeline.stage(retry=fast, lease=3)
+@pipeline.stage(retry=fast, lease=LEASE)
 def parse(ctx: crawlq.SyncContext, stored: StoredResponse) -> list[Record]:
     held(f"parse:{stored.url}")
     lines = stored.body.decode().splitlines()
@@ -97,7 +99,7 @@ def parse(ctx: crawlq.SyncContext, stored: StoredResponse) -> list[Record]:
     ]
 
 
-@pipeline.stage(retry=fast, lease=3)
+@pipeline.stage(retry=fast, lease=LEASE)
 def total(ctx: crawlq.SyncContext, lines: list[Record]) -> Record:
     versions: list[JSON] = [*sorted({str(r.data["version"]) for r in lines})]
     return Record(
