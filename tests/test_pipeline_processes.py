@@ -123,6 +123,24 @@ def test_a_page_is_an_input_of_parse_only_once_its_response_is_stored(job: Job) 
     assert [r["key"] for r in job.rows("total")] == sorted([*URLS, new])
 
 
+def test_a_page_that_now_redirects_leaves_no_records_of_its_old_url(job: Job) -> None:
+    """A stage's output for one input is replaced as a whole, the fetch stage's too: its
+    output for a URL is the page it ended on. A URL that redirected where it used to answer
+    (http moving to https) kept its old reference and every record made from it beside the
+    new page's, and a reprocess parsed its redirect (the latest response stored for it)."""
+    old, new = URLS[0], URLS[0].replace("http:", "https:")
+    job.ok("schedule", "--app", APP, "--text", "--revisit", "download", old)
+    job.ok("worker", APP, "--burst", PIPE_MOVED=f"{old} {new}")
+    pages = sorted([new, *URLS[1:]])
+    assert [r["key"] for r in job.rows("total")] == pages
+    assert [r["key"] for r in job.rows("line")] == [f"{u}#{n}" for u in pages for n in range(3)]
+    out = job.ok("reprocess", APP, "parse", PIPE_VERSION="2")
+    assert f"scheduled {len(URLS)} inputs of parse; " in out and "(0 dead)" in out, out
+    assert [(r["key"], r["lines"], r["versions"]) for r in job.rows("total")] == [
+        (u, 3, ["2"]) for u in pages
+    ]
+
+
 def test_an_export_killed_midway_leaves_the_last_one_whole(job: Job, tmp_path: Path) -> None:
     """Killed after writing its first record, an export left a file holding only that
     record where the last whole export was (a consumer reads one page of a nightly four).

@@ -3,7 +3,8 @@
 Its backend URL comes from CRAWLQ_BACKEND, its data folder from PIPE_DATA. Nothing goes on
 the network: `download` makes each page from its URL.
 
-    download   a page of three lines (`<url> line <n>`)
+    download   a page of three lines (`<url> line <n>`); PIPE_MOVED=`old new`: `old` redirects
+               (301) to `new`
     parse      one `line` record per line of the page, noting PIPE_VERSION (its "code")
     total      one `total` record per page: how many lines parse wrote, and their version
 
@@ -15,6 +16,7 @@ test SIGKILLs it there, at a point it chose rather than at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -75,13 +77,20 @@ app.provide("held", HeldSync)
 @pipeline.fetch(retry=fast, lease=LEASE)
 async def download(ctx: crawlq.Context, url: str) -> Response:
     ctx.app.shared("held")
-    body = "".join(f"{url} line {n}\n" for n in range(3)).encode()
+    moved = dict([os.environ.get("PIPE_MOVED", " ").split(" ")])
+    if url in moved:
+        return dataclasses.replace(page(moved[url]), history=(page(url, moved[url]),))
+    return page(url)
+
+
+def page(url: str, moved: str | None = None) -> Response:
+    body = b"" if moved else "".join(f"{url} line {n}\n" for n in range(3)).encode()
     return Response(
         url=url,
-        status=200,
-        reason="OK",
+        status=301 if moved else 200,
+        reason="Moved" if moved else "OK",
         http_version="HTTP/1.1",
-        headers=(("Content-Type", "text/plain"),),
+        headers=(("Location", moved),) if moved else (("Content-Type", "text/plain"),),
         raw=body,
         body=body,
         fetched_at=time.time(),

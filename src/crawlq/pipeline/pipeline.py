@@ -128,9 +128,11 @@ class Pipeline:
                 for hop in response.chain:
                     await warc.put(hop)
                 # the reference, for `reprocess` to find (the records are the WARC's), written
-                # once the responses are on disk and indexed, before this task is done
+                # once the responses are on disk and indexed, before this task is done; a URL
+                # that redirected here is no page (now): what every stage made of it goes
+                moved = {hop.url for hop in response.history} - {response.url}
                 writer: OutputWriter = ctx.app.shared(OUTPUTS)
-                writer.note(name, response.url)
+                writer.note(name, response.url, [(s.name, u) for u in moved for s in self.stages])
                 await self._next(ctx, name, response.url)
 
             return self._add_stage(

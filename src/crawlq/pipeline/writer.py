@@ -17,7 +17,7 @@ class OutputWriter:
     def __init__(self, results: ResultsStore, stored: Callable[[], Awaitable[None]]) -> None:
         self.results = results
         self._stored = stored
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[str, str, Sequence[tuple[str, str]]]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="crawlq-results")
 
     async def replace(self, stage: str, ref: str, records: Sequence[Record]) -> None:
@@ -25,12 +25,13 @@ class OutputWriter:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._thread, self.results.replace, stage, ref, records)
 
-    def note(self, stage: str, ref: str) -> None:
+    def note(self, stage: str, ref: str, forget: Sequence[tuple[str, str]] = ()) -> None:
         """`stage` (the fetch stage) stored its output for `ref` where `stored()` puts it on
         disk (the WARC store): the reference, what the next stage's reprocess reads, is
-        written by the next `sync`, once `stored()` has returned. Written at once, a worker
-        killed before its WARC records were indexed left an input without its response."""
-        self._pending.append((stage, ref))
+        written by the next `sync`, once `stored()` has returned, and the `(stage, ref)`
+        outputs of `forget` are removed then. Written at once, a worker killed before its
+        WARC records were indexed left an input without its response."""
+        self._pending.append((stage, ref, forget))
 
     async def sync(self) -> None:
         """Every output written so far on disk (the worker awaits it before it records the
@@ -42,8 +43,10 @@ class OutputWriter:
             await loop.run_in_executor(self._thread, self._write_noted, noted)
         await loop.run_in_executor(self._thread, self.results.sync)
 
-    def _write_noted(self, noted: list[tuple[str, str]]) -> None:
-        for stage, ref in noted:
+    def _write_noted(self, noted: list[tuple[str, str, Sequence[tuple[str, str]]]]) -> None:
+        for stage, ref, forget in noted:
+            for gone in forget:
+                self.results.forget(*gone)
             self.results.replace(stage, ref, [])
 
     async def aclose(self) -> None:

@@ -10,7 +10,8 @@ A stage's output for one reference is *replaced* in one transaction: the rows it
 that reference last time are deleted, the new ones inserted, and the `_outputs` row (stage,
 ref) written. So running a stage twice over the same input leaves exactly the same rows. A
 key belongs to the (stage, ref) that wrote it: another one writing the same key fails
-(KeyConflict) rather than take it over.
+(KeyConflict) rather than take it over. `forget` removes a (stage, ref) output and its rows
+(the pipeline's, when a fetched URL now redirects: it is no input any more).
 
 Tables of the store itself:
 
@@ -241,15 +242,7 @@ class ResultsStore:
     ) -> None:
         with immediate(db):
             types = {r.type for r in records}
-            known = [
-                row[0] for row in db.execute("SELECT type FROM _types WHERE stage = ?", (stage,))
-            ]
-            for type_ in sorted(set(known) | types):
-                try:
-                    db.execute(f'DELETE FROM "{type_}" WHERE _stage = ? AND _ref = ?', (stage, ref))
-                except sqlite3.OperationalError as exc:
-                    if "no such table" not in str(exc):  # a table dropped by hand: nothing to do
-                        raise
+            self._delete(db, stage, ref, types)
             db.executemany(
                 "INSERT OR IGNORE INTO _types (type, stage) VALUES (?, ?)",
                 [(t, stage) for t in sorted(types)],
@@ -273,6 +266,26 @@ class ResultsStore:
                 " updated = excluded.updated",
                 (stage, ref, len(records), now),
             )
+
+    def forget(self, stage: str, ref: str) -> None:
+        """Removes what `stage` wrote for `ref`, its records and its output, as if it had never
+        run over `ref` (an input that is no more: a URL that now redirects)."""
+        with self._lock:
+            db = self._db()
+            with self._write_lock.held(), immediate(db):
+                self._delete(db, stage, ref, set())
+                db.execute("DELETE FROM _outputs WHERE stage = ? AND ref = ?", (stage, ref))
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, stage: str, ref: str, types: set[str]) -> None:
+        """Deletes the records `stage` wrote for `ref` (of the types it wrote, and `types`)."""
+        known = [row[0] for row in db.execute("SELECT type FROM _types WHERE stage = ?", (stage,))]
+        for type_ in sorted(set(known) | types):
+            try:
+                db.execute(f'DELETE FROM "{type_}" WHERE _stage = ? AND _ref = ?', (stage, ref))
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):  # a table dropped by hand: nothing to do
+                    raise
 
     def _insert(self, record: Record) -> str:
         """The statement writing `record`, which writes nothing (rowcount 0) if its key is
