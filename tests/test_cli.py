@@ -27,9 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from crawlq.cli.common import connected
+from crawlq.cli.main import cli as command_line
 
 REPO = Path(__file__).resolve().parent.parent
 APP = "tests.apps.cli_app:app"
@@ -246,6 +248,26 @@ def test_help_of_every_command(cli: Cli, command: str) -> None:
         assert "--backend" in ran.out, ran
         assert "CRAWLQ_BACKEND" in ran.out, ran
     assert not (cli.cwd / "crawlq.db").exists()
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """`--help` leaves no option bare: dead list's --limit and --offset, limits list's --json
+    and limits block's --reason showed only their type."""
+
+    def commands(command: click.Command, path: str) -> list[tuple[str, click.Command]]:
+        found = [(path, command)]
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                found += commands(sub, f"{path} {name}")
+        return found
+
+    bare = [
+        f"{path} {'/'.join(param.opts)}"
+        for path, command in commands(command_line, "crawlq")
+        for param in command.params
+        if isinstance(param, click.Option) and not param.help
+    ]
+    assert bare == []
 
 
 def test_entry_point_script(cli: Cli) -> None:

@@ -52,15 +52,26 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     multiple=True,
     help="Stay within this domain and its sub-domains (repeatable) [default: the seeds'].",
 )
-@click.option("--include", multiple=True, help="Follow only URLs matching one such regex.")
-@click.option("--exclude", multiple=True, help="Never follow URLs matching this regex.")
+@click.option(
+    "--include",
+    multiple=True,
+    help="Follow only URLs matching one of these regexes (repeatable) [default: any URL].",
+)
+@click.option(
+    "--exclude", multiple=True, help="Never follow URLs matching this regex (repeatable)."
+)
 @click.option(
     "--max-pages",
     type=int,
     default=None,
-    help="Admit at most this many distinct URLs, over every run of the crawl.",
+    help="Admit at most this many distinct URLs, over every run of the crawl [default: no limit].",
 )
-@click.option("--depth", type=int, default=None, help="Follow links this many hops from a seed.")
+@click.option(
+    "--depth",
+    type=int,
+    default=None,
+    help="Follow links at most this many hops from a seed [default: no limit].",
+)
 @click.option(
     "--concurrency-per-domain", default=2, show_default=True, help="Requests at once per host."
 )
@@ -113,7 +124,11 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="CA bundle to verify https certificates with [default: the system's].",
 )
-@click.option("--user-agent", default=None, help="User-Agent header (and robots.txt agent).")
+@click.option(
+    "--user-agent",
+    default=None,
+    help="User-Agent header (and robots.txt agent) [default: crawlq's own].",
+)
 @click.option("--timeout", default=30.0, show_default=True, help="Seconds per request.")
 @click.option("--max-bytes", default=10 * 2**20, show_default=True, help="Largest body accepted.")
 @click.option("--max-attempts", default=3, show_default=True, help="Tries of a failing page.")

@@ -182,8 +182,20 @@ def dead() -> None:
 
 @dead.command("list")
 @click.argument("queue")
-@click.option("--limit", type=click.IntRange(min=0, max=MAX_ROWS), default=20, show_default=True)
-@click.option("--offset", type=click.IntRange(min=0, max=MAX_OFFSET), default=0, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0, max=MAX_ROWS),
+    default=20,
+    show_default=True,
+    help="Dead elements shown at most.",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0, max=MAX_OFFSET),
+    default=0,
+    show_default=True,
+    help="Newest dead elements skipped first (to page through them).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON, tracebacks included.")
 @backend_option
 @app_option
@@ -360,7 +372,7 @@ def _limits_target(
 
 
 @limits.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @backend_option
 @app_option
 @click.pass_context
@@ -483,7 +495,12 @@ async def _warn_if_idle(backend: Backend, group: str, typed: str) -> None:
 @limits.command("block")
 @click.argument("group")
 @click.option("--for", "seconds", type=float, required=True, help="Seconds from now.")
-@click.option("--reason", default="blocked by hand", show_default=True)
+@click.option(
+    "--reason",
+    default="blocked by hand",
+    show_default=True,
+    help="Why, shown by crawlq stats and the dashboard.",
+)
 @backend_option
 @app_option
 @click.pass_context
@@ -535,7 +552,7 @@ def limits_unblock(
 @app_option
 @backend_option
 def check(app_spec: str | None, backend_url: str | None) -> None:
-    """Verifies every internal invariant of the queue store; exits 1 if one is broken.
+    """Verify every internal invariant of the queue store; exit 1 if one is broken.
 
     Reads the whole store: run it with the workers stopped."""
     _, url = resolve_url(app_spec, backend_url)
