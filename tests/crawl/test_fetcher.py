@@ -525,10 +525,15 @@ async def test_a_proxy_that_cannot_be_reached_is_left_out_not_blamed_on_the_site
             async with Fetcher(settings) as fetcher:
                 with pytest.raises(FetchError) as caught:
                     await politeness.fetch(fetcher, net.url("b.test", "/page/1"))
+            async with Fetcher(fetch_settings(net, proxies=(dead,))) as fetcher:
+                with pytest.raises(FetchError) as alone:
+                    await politeness.fetch(fetcher, net.url("a.test", "/page/2"))
     finally:
         await backend.close()
     assert caught.value.reason is Reason.PROXY and caught.value.transient
     assert "3 proxies could not be reached" in caught.value.detail
+    assert alone.value.reason is Reason.PROXY
+    assert "1 proxy could not be reached" in alone.value.detail  # was "1 proxies"
     assert politeness._failures == {}  # not the site's failure
 
 

@@ -677,7 +677,8 @@ class Fetcher:
                 assert proxies is not None and proxy is not None
                 proxies.failed(proxy)
                 if tries >= min(len(proxies), MAX_PROXY_TRIES):
-                    what = f"{tries} proxies could not be reached; the last: {exc}"
+                    noun = "proxy" if tries == 1 else "proxies"
+                    what = f"{tries} {noun} could not be reached; the last: {exc}"
                     raise FetchError(Reason.PROXY, url, what) from exc
                 continue
             raise FetchError(
