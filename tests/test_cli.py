@@ -270,6 +270,16 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
     assert bare == []
 
 
+@pytest.mark.parametrize("group", ["", "dead", "limits"])
+def test_command_lists_are_whole_sentences_on_an_80_column_terminal(cli: Cli, group: str) -> None:
+    """A command's line in its group's --help was its docstring cut at ~60 characters, ending
+    mid-phrase ("Serve the web dashboard and /metrics for a backend (or...")."""
+    ran = cli.run(*group.split(), "--help", env=cli.env(COLUMNS="80"))
+    assert ran.code == 0, ran
+    commands = ran.out.split("Commands:\n", 1)[1].splitlines()
+    assert commands and all(not line.endswith("...") for line in commands), ran.out
+
+
 def test_entry_point_script(cli: Cli) -> None:
     script = Path(sys.executable).with_name("crawlq")
     if not script.exists():

@@ -53,7 +53,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-@click.command()
+@click.command(short_help="Serve the web dashboard and /metrics.")
 @click.argument("app_spec", metavar="[MODULE:APP]", required=False)
 @backend_option
 @click.option(

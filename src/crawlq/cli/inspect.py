@@ -175,12 +175,12 @@ def _watch(url: str, group_count: int, interval: float, count: int | None) -> No
         run(main)
 
 
-@click.group(cls=Group)
+@click.group(cls=Group, short_help="List, re-queue or purge elements that failed every attempt.")
 def dead() -> None:
     """Elements that failed every attempt: list, re-queue or purge them."""
 
 
-@dead.command("list")
+@dead.command("list", short_help="Dead elements of QUEUE, newest first.")
 @click.argument("queue")
 @click.option(
     "--limit",
@@ -346,7 +346,11 @@ def dead_purge(
     click.echo(f"purged {_take(queue, keys, all_, text, url, False)}")
 
 
-@click.group(cls=Group, invoke_without_command=True)
+@click.group(
+    cls=Group,
+    invoke_without_command=True,
+    short_help="Per-group politeness rules and blocks; changes apply at once.",
+)
 @backend_option
 @app_option
 @click.pass_context
@@ -371,7 +375,7 @@ def _limits_target(
     return resolve_url(app_spec or outer_app, backend_url or outer_backend)
 
 
-@limits.command("list")
+@limits.command("list", short_help="The rules, then the robots.txt Crawl-delays.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @backend_option
 @app_option
@@ -438,7 +442,7 @@ def limits_set(
     click.echo(f"{rule.pattern}: {_limit_text(rule.limit)}")
 
 
-@limits.command("delete")
+@limits.command("delete", short_help="Remove the rule for PATTERN (and a host's Crawl-delay).")
 @click.argument("pattern")
 @backend_option
 @app_option
@@ -548,7 +552,7 @@ def limits_unblock(
     click.echo(f"{group} unblocked")
 
 
-@click.command()
+@click.command(short_help="Verify the queue store's invariants (exit 1 if one is broken).")
 @app_option
 @backend_option
 def check(app_spec: str | None, backend_url: str | None) -> None:

@@ -42,7 +42,7 @@ def cli() -> None:
     """crawlq: a durable, polite queue for crawling, scraping and ETL jobs."""
 
 
-@cli.command()
+@cli.command(short_help="Run the tasks of MODULE:APP, until stopped (or done: --burst).")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.option("-q", "--queue", "queues", multiple=True, help="Run only these queues (repeatable).")
 @click.option(
@@ -137,7 +137,7 @@ def _read_elements(elements: tuple[str, ...], file: BinaryIO | None, text: bool)
     return [parse_json(item) for item in raw]
 
 
-@cli.command()
+@cli.command(short_help="Add elements to QUEUE, or move them if already queued.")
 @click.argument("queue")
 @click.argument("elements", nargs=-1, metavar="ELEMENT...")
 @click.option(
@@ -193,7 +193,7 @@ def _report(result: ScheduleResult) -> None:
     )
 
 
-@cli.command()
+@cli.command(short_help="Schedule the starting tasks of MODULE:APP (or those named).")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("tasks", nargs=-1, metavar="[TASK]...")
 @click.option("--element", default="null", show_default=True, help="JSON handed to the tasks.")
@@ -219,7 +219,7 @@ def start(app_spec: str, tasks: tuple[str, ...], element: str) -> None:
     _report(run(main))
 
 
-@cli.command()
+@cli.command(short_help="Run a nightly ETL end to end on local sites (no network).")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

@@ -16,7 +16,7 @@ def _pipeline(app_spec: str) -> Pipeline:
     return Pipeline.of(load_app(app_spec))
 
 
-@click.command()
+@click.command(short_help="Re-run STAGE and the later ones over stored inputs.")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("stage")
 @click.option(
@@ -72,7 +72,7 @@ def reprocess(
         )
 
 
-@click.command()
+@click.command(short_help="Write a record type of the results store: JSONL, CSV, Parquet.")
 @click.argument("app_spec", metavar="MODULE:APP")
 @click.argument("record_type")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
