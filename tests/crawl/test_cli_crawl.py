@@ -250,6 +250,24 @@ async def test_a_warc_level_gzip_has_not_is_refused(tmp_path: Path) -> None:
     assert not net.hits
 
 
+@pytest.mark.parametrize("extra", [(), ("--allow-domain", "example.org")])
+async def test_a_seed_that_is_not_an_http_url_is_refused_before_out_is_made(
+    tmp_path: Path, extra: tuple[str, ...]
+) -> None:
+    """`crawlq crawl example.org` said "invalid element: URL ..." (an element of what?); with
+    --allow-domain it made OUT's pages.jsonl and warc/ first, then said "out_of_scope"."""
+    out = tmp_path / "out"
+    crawl = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "crawlq", "crawl", "example.org", "--out", str(out), *extra),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(crawl.communicate(), GUARD)
+    assert crawl.returncode == 2, err
+    assert "Invalid value for SEED: 'example.org' is not an absolute http" in err.decode(), err
+    assert not out.exists()
+
+
 def test_crawl_settings_refuse_a_warc_level_gzip_has_not(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="warc_level must be 0 to 9"):
         CrawlSettings(out=tmp_path, warc_level=-1)

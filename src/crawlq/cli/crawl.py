@@ -224,8 +224,15 @@ def crawl(
     from ..crawl.crawler import Crawl, CrawlSettings
     from ..crawl.scope import Scope
     from ..crawl.settings import DEFAULT_USER_AGENT, FetchSettings, Timeouts
+    from ..crawl.urls import canonicalize
     from ..grouping import registered_domain, url_host
 
+    for seed in seeds:  # before anything is made in OUT
+        if canonicalize(seed) is None:
+            raise click.BadParameter(
+                f"{seed!r} is not an absolute http or https URL (such as https://example.org/)",
+                param_hint="SEED",
+            )
     setup_logging(log_level)
     retry = _retry(max_attempts, retry_delay)
     grace = checks.seconds(grace, "--grace")
