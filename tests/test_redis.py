@@ -95,6 +95,18 @@ def test_passwords_are_redacted_from_urls() -> None:
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
 
 
+async def test_an_option_redis_py_does_not_take_is_a_config_error(
+    redis_server: RedisServer,
+) -> None:
+    """A misspelt option in the URL (socket_timout) ended `crawlq stats` with redis-py's
+    TypeError and its traceback: the URL's options go to redis-py's connections as they are."""
+    url = redis_server.url + ("&" if "?" in redis_server.url else "?") + "socket_timout=10"
+    backend = open_backend(url)
+    with pytest.raises(ConfigError, match=r"bad Redis URL .*socket_timout"):
+        await backend.open()
+    await backend.close()
+
+
 def test_bad_namespaces_are_refused() -> None:
     with pytest.raises(ConfigError, match="namespace"):
         open_backend("redis://127.0.0.1:1/0?namespace=a{b}")

@@ -186,7 +186,10 @@ class RedisBackend:
         }
         try:
             client = Redis.from_url(self._url, **options)
-        except ValueError as exc:
+            # redis-py takes any ?name=value as a connection argument and only fails, with a
+            # TypeError, on connecting: a connection made (not opened) here names a misspelt one.
+            client.connection_pool.make_connection()
+        except (ValueError, TypeError) as exc:
             raise ConfigError(f"bad Redis URL {self.url}: {exc}") from None
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
