@@ -112,6 +112,14 @@ def test_bad_namespaces_are_refused() -> None:
         open_backend("redis://127.0.0.1:1/0?namespace=a{b}")
 
 
+@pytest.mark.parametrize("url", ["redis://", "redis:///0", "rediss://:pw@/0"])
+def test_a_url_without_a_host_is_refused(url: str) -> None:
+    """`crawlq stats --backend redis://` ended in redis-py's ValueError and its traceback."""
+    with pytest.raises(ConfigError, match="names no host") as refused:
+        open_backend(url)
+    assert "pw" not in str(refused.value)
+
+
 async def test_a_machine_whose_clock_is_off_schedules_by_the_servers(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

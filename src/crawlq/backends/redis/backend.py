@@ -88,6 +88,8 @@ OPEN_TIMEOUT = 15.0
 def split_namespace(url: str) -> tuple[str, str]:
     """Takes crawlq's own `namespace` option out of the query; redis-py gets the rest."""
     parts = urlsplit(url)
+    if not parts.hostname:  # redis-py would fail on connecting, with a traceback
+        raise ConfigError(f"Redis URL {redact(url)!r} names no host (as in redis://HOST:6379/0)")
     query = parse_qsl(parts.query, keep_blank_values=True)
     namespace = DEFAULT_NAMESPACE
     rest = []
