@@ -270,7 +270,7 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
     assert bare == []
 
 
-@pytest.mark.parametrize("group", ["", "dead", "limits"])
+@pytest.mark.parametrize("group", ["", "dead", "limits", "warc"])
 def test_command_lists_are_whole_sentences_on_an_80_column_terminal(cli: Cli, group: str) -> None:
     """A command's line in its group's --help was its docstring cut at ~60 characters, ending
     mid-phrase ("Serve the web dashboard and /metrics for a backend (or...")."""

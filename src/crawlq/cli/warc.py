@@ -24,7 +24,7 @@ def warc() -> None:
     """A crawl's stored responses (WARC files and their index)."""
 
 
-@warc.command("check")
+@warc.command("check", short_help="Check WARC files against their index; --repair fixes them.")
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option(
     "--repair",
@@ -60,7 +60,7 @@ def warc_check(path: Path, repair: bool, progress: bool | None) -> None:
         sys.exit(1)
 
 
-@warc.command("get")
+@warc.command("get", short_help="Write the body of a URL's latest stored response.")
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("url")
 @click.option("--head", is_flag=True, help="Print the status, fetch time and headers instead.")
