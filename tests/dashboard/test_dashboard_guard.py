@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from crawlq.cli.dashboard import allowed_hosts
 from crawlq.observe.dashboard import LOOPBACK_HOSTS
-from crawlq.observe.security import LOGIN_SECONDS, TOKEN_COOKIE, Guard, cookies
+from crawlq.observe.security import LOGIN_SECONDS, MAX_FORM_BYTES, TOKEN_COOKIE, Guard, cookies
 
 from ..conftest import backend_url
 from .conftest import APP, ROOT, Reply, http_request
@@ -464,3 +465,25 @@ def test_logging_out_ends_that_login_only() -> None:
     guard.log_out("not.a.login")
     guard.log_out(None)
     assert not guard.login_ok(first) and guard.login_ok(second)
+
+
+# -- 8. a form too large -----------------------------------------------------------------------
+
+
+def test_an_action_too_large_is_refused_before_its_whole_body_comes(launch: Launch) -> None:
+    """A body that says it holds a gigabyte: refused once MAX_FORM_BYTES of it came, not held
+    in memory to its end (without a token, any web page can post one to 127.0.0.1)."""
+    board = launch()
+    host, port = board.base.removeprefix("http://").rsplit(":", 1)
+    head = (
+        f"POST /dead/requeue HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {10**9}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + b"a" * (MAX_FORM_BYTES + 1))
+        try:
+            answer = sock.recv(200)
+        except TimeoutError:
+            answer = b"(no answer: the dashboard waits for the rest of the gigabyte)"
+    assert answer.startswith(b"HTTP/1.1 413 "), answer

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -39,7 +39,7 @@ from ..types import GroupStats
 from .logs import redact
 from .metrics import METRIC_GROUPS, exposition, throttle_reason
 from .observer import Observer, rates
-from .security import MAX_FORM_BYTES, Guard, GuardMiddleware, HeadersMiddleware
+from .security import Guard, GuardMiddleware, HeadersMiddleware, read_form
 
 HERE = Path(__file__).parent
 DEAD_PAGE = 50
@@ -297,10 +297,10 @@ class Dashboard:
         )
 
     async def dead_action(self, request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
+        # Read as it comes, refused past MAX_FORM_BYTES: never a whole huge body in memory.
+        form = await read_form(request.receive)
+        if form is None:
             return Response("form too large", status_code=413)
-        form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         if not self.guard.csrf_ok(request.scope, form):
             return Response(
                 "refused: missing or wrong CSRF token (reload the page and try again)",
