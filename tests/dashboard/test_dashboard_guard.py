@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -62,12 +63,16 @@ Launch = Callable[..., Served]
 @pytest.fixture
 def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Launch]:
     """Starts a dashboard (with TOKEN, no cache) on a backend of `kind` holding the queues
-    `pages` and `held` (and, with `dead`, a dead letter in `pages`, left by a worker); extra
-    arguments go to `crawlq dashboard`, `env` to its environment."""
+    `pages` and `held` (and, with `dead`, a dead letter in `pages`, left by a worker; `pages`
+    more elements of it); extra arguments go to `crawlq dashboard`, `env` to its environment."""
     started: list[subprocess.Popen[str]] = []
 
     def start(
-        *args: str, kind: str = "sqlite", env: dict[str, str] | None = None, dead: bool = False
+        *args: str,
+        kind: str = "sqlite",
+        env: dict[str, str] | None = None,
+        dead: bool = False,
+        pages: Iterable[str] = (),
     ) -> Served:
         url = backend_url(kind, tmp_path / kind, request)
         (tmp_path / kind).mkdir(exist_ok=True)
@@ -83,6 +88,7 @@ def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Launch]:
         )
         commands = [["schedule", "pages", '"http://a.test/ok/1"', "--app", APP]]
         commands += [["schedule", "held", "1", "--app", APP]]
+        commands += [["schedule", "pages", page, "--app", APP] for page in pages]
         if dead:
             (tmp_path / "release").touch()  # held elements end at once
             commands += [["schedule", "pages", '"http://a.test/fail/1"', "--app", APP]]
@@ -487,3 +493,22 @@ def test_an_action_too_large_is_refused_before_its_whole_body_comes(launch: Laun
         except TimeoutError:
             answer = b"(no answer: the dashboard waits for the rest of the gigabyte)"
     assert answer.startswith(b"HTTP/1.1 413 "), answer
+
+
+# -- 9. group searches ---------------------------------------------------------------------------
+
+
+def test_a_group_search_that_would_hold_up_redis_is_refused(launch: Launch) -> None:
+    """Redis matches a group search by backtracking (a Lua pattern): *?*?*?*?*?*?*?*?# takes
+    seconds over one 45-character group name, a few more ?* minutes, and Redis serves no
+    worker meanwhile. Without a token, any web page can make a browser load the search."""
+    host = "a" * 40 + ".test"
+    board = launch(kind="redis", pages=[f'"http://{host}/1"'])
+    for search in ("*.test", "aaa", "aaa*", "*aaa*", "*a**"):
+        found = board.request("/groups?" + urlencode({"q": search}))
+        assert found.status == 200 and f'data-group="{host}"' in found.body, search
+    for search in ("*?" * 8 + "#", "*a*b", "**a**a**"):
+        for path in ("/groups?", "/groups?fragment=1&"):
+            refused = board.request(path + urlencode({"q": search}))
+            assert refused.status == 400, (search, refused.status)
+            assert "a search may hold one * before its end" in refused.body

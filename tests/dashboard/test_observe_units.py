@@ -87,6 +87,15 @@ def test_search_text_becomes_a_glob() -> None:
     assert glob_for("*.Bücher.de") == "*.xn--bcher-kva.de"
 
 
+def test_a_search_with_more_than_one_star_before_its_end_is_refused() -> None:
+    assert glob_for("*.example.*") == "*.example.*"
+    assert glob_for("shop*") == "shop*"
+    assert glob_for("a**b***") == "a*b*", "a run of * is one"
+    assert glob_for("*?*?*?*?*?*?#") is None
+    assert glob_for("*a*b") is None
+    assert glob_for("a*b*c") is None
+
+
 def test_sparkline_scales_into_its_box() -> None:
     assert sparkline([]) == ""
     assert sparkline([0, 5, 10], width=100, height=20) == "0.0,18.0 50.0,10.0 100.0,2.0"

@@ -16,6 +16,7 @@ import glob
 import hashlib
 import hmac
 import html
+import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -112,15 +113,26 @@ def sparkline(values: list[float], width: int = 160, height: int = 32) -> str:
     )
 
 
-def glob_for(search: str) -> str:
+#: Why a search is refused (see glob_for).
+SEARCH_REFUSED = (
+    "a search may hold one * before its end, not more (as in *.gov, *shop*, shop.*):"
+    " more would hold up the backend"
+)
+
+
+def glob_for(search: str) -> str | None:
     """A search box's text as a glob: itself if it has glob characters, else *text*; spelled
-    as group names are (lower case, IDNA: `Bücher.DE` finds xn--bcher-kva.de)."""
+    as group names are (lower case, IDNA: `Bücher.DE` finds xn--bcher-kva.de). None for a
+    glob with more than one * before its end: Redis matches globs by backtracking, so a
+    search like *?*?*?*?*?*?*?*?# would take minutes over each group name, and every worker
+    waits for Redis meanwhile (runs of * are one *; a trailing one costs nothing)."""
     search = group_pattern(search.strip())
     if not search:
         return "*"
-    if any(c in search for c in "*?["):
-        return search
-    return f"*{search}*"
+    if not any(c in search for c in "*?["):
+        return f"*{search}*"
+    search = re.sub(r"\*+", "*", search)
+    return search if search.rstrip("*").count("*") <= 1 else None
 
 
 class Dashboard:
@@ -244,18 +256,22 @@ class Dashboard:
 
     async def groups_page(self, request: Request) -> Response:
         search = request.query_params.get("q", "")
-        groups = await self.observer.groups(glob_for(search))
+        pattern = glob_for(search)
+        groups = await self.observer.groups(pattern) if pattern is not None else []
         now = self.backend.now()
         throttled = sum(1 for g in groups if throttle_reason(g, now) is not None)
-        return self._render(
+        page = self._render(
             request,
             "groups.html",
             groups=groups,
             search=search,
+            refused=SEARCH_REFUSED if pattern is None else "",
             now=now,
             throttled=throttled,
             page="groups",
         )
+        page.status_code = 400 if pattern is None else 200
+        return page
 
     async def workers_page(self, request: Request) -> Response:
         workers = await self.observer.workers()
