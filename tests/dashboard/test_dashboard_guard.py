@@ -512,3 +512,32 @@ def test_a_group_search_that_would_hold_up_redis_is_refused(launch: Launch) -> N
             refused = board.request(path + urlencode({"q": search}))
             assert refused.status == 400, (search, refused.status)
             assert "a search may hold one * before its end" in refused.body
+
+
+# -- 10. where a login leads -------------------------------------------------------------------
+
+
+def test_a_login_leads_to_a_page_of_this_dashboard_only(launch: Launch) -> None:
+    """Location is the login's `next` or the page asked with ?token=: never another host (a
+    browser reads /\\evil.test, and / TAB /evil.test, as //evil.test), never a broken header
+    (CR LF in it made a 500 and a dropped connection)."""
+    board = launch()
+    for target, location in [
+        ("/dead?queue=pages", "/dead?queue=pages"),
+        ("/\\evil.test", "/%5Cevil.test"),
+        ("/\t/evil.test", "/%09/evil.test"),
+        ("/\r\nSet-Cookie: a=1", "/%0D%0ASet-Cookie:%20a=1"),
+        ("/é", "/%C3%A9"),
+        ("//evil.test", "/"),
+        ("https://evil.test", "/"),
+    ]:
+        form = urlencode({"token": TOKEN, "next": target}).encode()
+        login = board.request("/login", data=form, bearer=False)
+        assert (login.status, login.headers["location"]) == (303, location), target
+    for path, location in [
+        ("//evil.test/?token=", "/"),
+        ("/dead%0D%0ASet-Cookie:%20a=1?token=", "/dead%0D%0ASet-Cookie:%20a=1"),
+        ("/groups?q=%C3%A9&token=", "/groups?q=%C3%A9"),
+    ]:
+        login = board.request(path + TOKEN, bearer=False)
+        assert (login.status, login.headers["location"]) == (303, location), path

@@ -25,7 +25,7 @@ import re
 import secrets
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
@@ -63,6 +63,19 @@ def cookie_header(name: str, value: str, *, max_age: int | None = None) -> str:
     if max_age is not None:
         parts.append(f"Max-Age={max_age}")
     return "; ".join(parts)
+
+
+#: What a Location of this dashboard keeps as it is; anything else is percent-encoded.
+_LOCATION_SAFE = "/?&=%+:;,@!$'()*~#"
+
+
+def local_location(target: str) -> str:
+    """`target` as the Location of a page of this dashboard: percent-encoded, so that no
+    control character (CR LF would break the header), space or backslash reaches it (a
+    browser reads /\\evil.test and /<TAB>/evil.test as //evil.test); "/" for anything but
+    a path."""
+    quoted = quote(target, safe=_LOCATION_SAFE)
+    return quoted if quoted.startswith("/") and not quoted.startswith("//") else "/"
 
 
 #: What a token may hold: the characters a cookie value may (RFC 6265), so it passes the
@@ -231,7 +244,7 @@ class GuardMiddleware:
             if "token" in query and scope["method"] == "GET":
                 if self.guard.token_ok(query["token"]):
                     rest = urlencode({k: v for k, v in query.items() if k != "token"})
-                    location = scope["path"] + (f"?{rest}" if rest else "")
+                    location = local_location(scope["path"] + (f"?{rest}" if rest else ""))
                     extra.append(self._login_cookie())
                     await self._plain(send, 303, "", extra, location=location)
                 else:
@@ -260,9 +273,7 @@ class GuardMiddleware:
             await self._plain(send, 401, login_page("wrong token"), extra)
             return
         extra.append(self._login_cookie())
-        target = form.get("next", "/")
-        if not target.startswith("/") or target.startswith("//"):
-            target = "/"
+        target = local_location(form.get("next", "/"))
         await self._plain(send, 303, "", extra, location=target)
 
     async def _logout(
@@ -289,7 +300,7 @@ class GuardMiddleware:
         if status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="crawlq"'))
         if location is not None:
-            headers.append((b"location", location.encode("latin-1", "replace")))
+            headers.append((b"location", location.encode()))
         headers += [(b"set-cookie", value.encode("latin-1")) for value in extra]
         data = body.encode()
         headers.append((b"content-length", str(len(data)).encode()))
