@@ -541,3 +541,31 @@ def test_a_login_leads_to_a_page_of_this_dashboard_only(launch: Launch) -> None:
     ]:
         login = board.request(path + TOKEN, bearer=False)
         assert (login.status, login.headers["location"]) == (303, location), path
+
+
+# -- 11. cookies over HTTPS --------------------------------------------------------------------
+
+
+def test_behind_an_https_proxy_the_cookies_are_secure(launch: Launch) -> None:
+    """uvicorn takes X-Forwarded-Proto from a proxy on 127.0.0.1: a page served over HTTPS
+    sets its cookies Secure, so a browser never sends them over plain HTTP; a page served
+    over HTTP cannot (the browser would drop them)."""
+    board = launch()
+    for proto, secure in (("https", True), ("http", False)):
+        forwarded = {"X-Forwarded-Proto": proto}
+        page = board.request("/", headers=forwarded)
+        login = board.request("/login", data=f"token={TOKEN}".encode(), headers=forwarded)
+        session = {"Cookie": "crawlq_session=" + "6" * 32, **forwarded}
+        dead = board.request("/dead?queue=pages", headers=session)
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', dead.body)
+        assert csrf is not None
+        out = board.request("/logout", data=f"csrf={csrf.group(1)}".encode(), headers=session)
+        cookies = [
+            page.cookie("crawlq_session"),
+            login.cookie(TOKEN_COOKIE),
+            out.cookie(TOKEN_COOKIE),
+            out.cookie("crawlq_session"),
+        ]
+        for cookie in cookies:
+            assert cookie is not None
+            assert ("secure" in cookie.lower().split("; ")) is secure, (proto, cookie)

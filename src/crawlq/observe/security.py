@@ -4,12 +4,13 @@ CSRF tokens for actions.
 With a token set, a request passes with ``Authorization: Bearer <token>`` (for scrapers and
 scripts) or the ``crawlq_token`` login cookie. Logging in (the form, or opening any page with
 ``?token=<token>``, which then redirects to the same page without it, out of the address bar
-and history) sets that cookie (HttpOnly, SameSite=Strict, LOGIN_SECONDS): an expiry and an HMAC
-of it under a secret made at start-up, never the token itself, since a browser sends the
-cookies of 127.0.0.1 to every port of it, so to any other local service too. Everything else
-gets 401 and a login form. Logging out (a POST to LOGOUT_PATH, an action like any other: see
-below) clears the cookie, voids it in this dashboard should a copy be sent again, and starts a
-new session, so the CSRF tokens of the pages still open are void too.
+and history) sets that cookie (HttpOnly, SameSite=Strict, LOGIN_SECONDS; Secure when served
+over HTTPS): an expiry and an HMAC of it under a secret made at start-up, never the token
+itself, since a browser sends the cookies of 127.0.0.1 to every port of it, so to any other
+local service too. Everything else gets 401 and a login form. Logging out (a POST to
+LOGOUT_PATH, an action like any other: see below) clears the cookie, voids it in this
+dashboard should a copy be sent again, and starts a new session, so the CSRF tokens of the
+pages still open are void too.
 
 Actions are POST forms carrying ``csrf``: an HMAC of the browser's session cookie under a
 secret made at start-up. Another site can make a browser post, but cannot read the token;
@@ -58,8 +59,12 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def cookie_header(name: str, value: str, *, max_age: int | None = None) -> str:
+def cookie_header(scope: Scope, name: str, value: str, *, max_age: int | None = None) -> str:
+    """A Set-Cookie value for the response to `scope`: Secure when the request came over
+    HTTPS (through a proxy that says so), so that a browser never sends it over HTTP."""
     parts = [f"{name}={value}", "Path=/", "HttpOnly", "SameSite=Strict"]
+    if scope.get("scheme") == "https":
+        parts.append("Secure")
     if max_age is not None:
         parts.append(f"Max-Age={max_age}")
     return "; ".join(parts)
@@ -231,7 +236,7 @@ class GuardMiddleware:
         scope.setdefault("state", {})["session"] = session
         extra: list[str] = []
         if new_session:
-            extra.append(cookie_header(SESSION_COOKIE, new_session))
+            extra.append(cookie_header(scope, SESSION_COOKIE, new_session))
 
         if self.guard.token is not None:
             if scope["path"] == LOGIN_PATH and scope["method"] == "POST":
@@ -245,7 +250,7 @@ class GuardMiddleware:
                 if self.guard.token_ok(query["token"]):
                     rest = urlencode({k: v for k, v in query.items() if k != "token"})
                     location = local_location(scope["path"] + (f"?{rest}" if rest else ""))
-                    extra.append(self._login_cookie())
+                    extra.append(self._login_cookie(scope))
                     await self._plain(send, 303, "", extra, location=location)
                 else:
                     await self._plain(send, 401, login_page("wrong token"), extra)
@@ -263,16 +268,16 @@ class GuardMiddleware:
 
         await self.app(scope, receive, send_with_cookies)
 
-    def _login_cookie(self) -> str:
+    def _login_cookie(self, scope: Scope) -> str:
         value = self.guard.login_cookie()
-        return cookie_header(TOKEN_COOKIE, value, max_age=LOGIN_SECONDS)
+        return cookie_header(scope, TOKEN_COOKIE, value, max_age=LOGIN_SECONDS)
 
     async def _login(self, scope: Scope, receive: Receive, send: Send, extra: list[str]) -> None:
         form = await read_form(receive)
         if form is None or not self.guard.token_ok(form.get("token")):
             await self._plain(send, 401, login_page("wrong token"), extra)
             return
-        extra.append(self._login_cookie())
+        extra.append(self._login_cookie(scope))
         target = local_location(form.get("next", "/"))
         await self._plain(send, 303, "", extra, location=target)
 
@@ -285,8 +290,8 @@ class GuardMiddleware:
             return
         self.guard.log_out(jar.get(TOKEN_COOKIE))
         cleared = [
-            cookie_header(TOKEN_COOKIE, "", max_age=0),
-            cookie_header(SESSION_COOKIE, secrets.token_hex(16)),
+            cookie_header(scope, TOKEN_COOKIE, "", max_age=0),
+            cookie_header(scope, SESSION_COOKIE, secrets.token_hex(16)),
         ]
         await self._plain(send, 303, "", cleared, location="/")
 
