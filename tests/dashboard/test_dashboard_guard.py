@@ -3,9 +3,12 @@ subprocess (and, where only a browser tells, in Chromium): one section a defect 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import http.server
+import json
+import math
 import os
 import re
 import secrets
@@ -24,9 +27,11 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from crawlq.backends import open_backend
 from crawlq.cli.dashboard import allowed_hosts
 from crawlq.observe.dashboard import LOOPBACK_HOSTS
 from crawlq.observe.security import LOGIN_SECONDS, MAX_FORM_BYTES, TOKEN_COOKIE, Guard, cookies
+from crawlq.types import Schedule
 
 from ..conftest import backend_url
 from .conftest import APP, ROOT, Reply, http_request
@@ -37,10 +42,11 @@ TOKEN = "tok-" + secrets.token_urlsafe(18)
 
 @dataclass
 class Served:
-    """A `crawlq dashboard` subprocess with TOKEN."""
+    """A `crawlq dashboard` subprocess with TOKEN, on the backend at `url`."""
 
     process: subprocess.Popen[str]
     base: str
+    url: str
 
     def request(
         self,
@@ -116,7 +122,7 @@ def launch(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Launch]:
         line = process.stdout.readline()  # printed once the socket listens
         match = re.fullmatch(r"crawlq dashboard on (http://\S+?)/\n", line)
         assert match, (line, (tmp_path / "dashboard.log").read_text())
-        return Served(process=process, base=match.group(1))
+        return Served(process=process, base=match.group(1), url=url)
 
     try:
         yield start
@@ -569,3 +575,37 @@ def test_behind_an_https_proxy_the_cookies_are_secure(launch: Launch) -> None:
         for cookie in cookies:
             assert cookie is not None
             assert ("secure" in cookie.lower().split("; ")) is secure, (proto, cookie)
+
+
+# -- 12. times beyond the calendar ---------------------------------------------------------------
+
+
+async def _block_for_good_and_schedule_far(url: str) -> None:
+    backend = open_backend(url, create=False)
+    await backend.open()
+    try:
+        await backend.block_group("forever.test", math.inf, "blocked for good")
+        far = Schedule(queue="pages", key='"far"', payload='"far"', group="far.test", due=1e300)
+        await backend.schedule([far])
+    finally:
+        await backend.close()
+
+
+def test_a_group_blocked_for_good_and_an_element_due_far_ahead_are_shown(
+    launch: Launch,
+) -> None:
+    """A backend takes a block until infinity (for good) and any finite due time; the pages
+    showed them with time.localtime, which cannot (a 500 for the groups page, the element's
+    page and /api/stats)."""
+    board = launch(pages=['"http://forever.test/1"'])
+    asyncio.run(_block_for_good_and_schedule_far(board.url))
+    groups = board.request("/groups")
+    assert groups.status == 200, groups.body
+    row = re.search(r'<tr data-group="forever.test">.*?</tr>', groups.body, re.S)
+    assert row is not None and "far future" in row.group(0) and "blocked for good" in row.group(0)
+    element = board.request("/element?" + urlencode({"queue": "pages", "key": '"far"'}))
+    assert element.status == 200 and "far future" in element.body, element.body
+    stats = board.request("/api/stats")
+    assert stats.status == 200, stats.body
+    blocked = {g["name"]: g["blocked_until"] for g in json.loads(stats.body)["groups"]}
+    assert blocked["forever.test"] == math.inf, "as crawlq stats --json says it"

@@ -16,6 +16,7 @@ import glob
 import hashlib
 import hmac
 import html
+import json
 import re
 import time
 from collections import OrderedDict
@@ -34,6 +35,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..backends import Backend
+from ..checks import MAX_SECONDS
 from ..errors import CrawlqError, UnknownQueue
 from ..grouping import group_pattern
 from ..types import GroupStats
@@ -69,6 +71,8 @@ def _done_message(query: Mapping[str, str], queue: str) -> str:
 
 def _age(seconds: float) -> str:
     seconds = max(0.0, seconds)
+    if seconds >= MAX_SECONDS:  # a block for good is until infinity
+        return "100y+"
     if seconds < 90:
         return f"{seconds:.0f}s"
     if seconds < 5400:
@@ -77,7 +81,10 @@ def _age(seconds: float) -> str:
 
 
 def _clock(moment: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(moment))
+    except (OverflowError, OSError, ValueError):  # infinity (a block for good), or years away
+        return "far future" if moment > 0 else "far past"
 
 
 def _until(moment: float | None, now: float) -> str:
@@ -398,7 +405,7 @@ class Dashboard:
 
     async def api_stats(self, request: Request) -> Response:
         snapshot = await self.observer.snapshot()
-        return JSONResponse(
+        return _StatsJSON(
             {
                 "queues": [dataclasses.asdict(q) for q in snapshot.queues],
                 "groups": [_group_json(g) for g in snapshot.groups],
@@ -410,6 +417,14 @@ class Dashboard:
             },
             headers={"cache-control": "no-store"},
         )
+
+
+class _StatsJSON(JSONResponse):
+    """JSON as `crawlq stats --json` writes it: a block for good is until Infinity (which
+    JSONResponse refuses, a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _group_json(group: GroupStats) -> dict[str, Any]:
