@@ -609,3 +609,19 @@ def test_a_group_blocked_for_good_and_an_element_due_far_ahead_are_shown(
     assert stats.status == 200, stats.body
     blocked = {g["name"]: g["blocked_until"] for g in json.loads(stats.body)["groups"]}
     assert blocked["forever.test"] == math.inf, "as crawlq stats --json says it"
+
+
+# -- 13. a range that holds nothing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_group_search_with_an_empty_range_matches_as_fnmatch_does(
+    launch: Launch, kind: str
+) -> None:
+    """[z-a] holds no character (fnmatch drops a range whose ends are the wrong way round):
+    on Redis it became the Lua pattern [], which Lua refuses, so the groups page gave 500."""
+    board = launch(kind=kind)
+    for search, found in [("[z-a]*", False), ("*[z-a]", False), ("[!z-a]*", True)]:
+        page = board.request("/groups?" + urlencode({"q": search}))
+        assert page.status == 200, (search, page.status)
+        assert ('data-group="a.test"' in page.body) is found, search

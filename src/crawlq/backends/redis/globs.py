@@ -30,6 +30,8 @@ def _char_class(body: str) -> str:
         else:
             out.append(_literal(body[i]))
             i += 1
+    if not out:  # empty ranges only: no character (Lua refuses [] and [^] as malformed)
+        return "." if negate else "[^%w%W]"
     return ("[^" if negate else "[") + "".join(out) + "]"
 
 
