@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from crawlq import App, ConfigError
 from crawlq.backends import open_backend
 from crawlq.crawl.politeness import Politeness
 from crawlq.limits import DEFAULT_LIMIT, RuleIndex, is_exact, resolve
@@ -161,3 +162,15 @@ async def test_rules_read_again_during_a_lookup_give_the_interval(
     finally:
         await backend.close()
     assert interval == 9.0
+
+
+def test_a_rule_with_more_than_one_star_before_its_end_is_refused(tmp_path: Path) -> None:
+    """Redis matches rules by backtracking: `*?*?*?*?*?*?*?*?#` took seconds over one name,
+    with every worker held; runs of * are one, and one before the end is fine."""
+    app = App(f"sqlite:///{tmp_path / 'q.db'}")
+    for pattern in ("*?*?*?*?*?*?*?*?#", "*shop*.com", "a*b*c"):
+        with pytest.raises(ConfigError, match="more than one \\* before its end"):
+            app.limit(pattern, concurrency=1)
+    for pattern in ("*.example.com", "shop.*", "*shop*", "*", "a?b*", "**.gov**"):
+        app.limit(pattern, concurrency=1)
+    assert sorted(app.limit_rules) == ["*", "*.example.com", "*.gov*", "*shop*", "a?b*", "shop.*"]

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
 from .errors import ConfigError
-from .grouping import group_pattern
+from .grouping import bounded_glob, group_pattern
 from .types import Limit, LimitRule
 
 DEFAULT_PATTERN = "*"
@@ -27,10 +27,17 @@ def specificity(pattern: str) -> tuple[int, int]:
 def check_pattern(pattern: str) -> str:
     """`pattern` spelled as the group names it matches are (`grouping.group_name`: lower
     case, IDNA, no trailing dot), so that `Partner-A` limits the group a task's function
-    names Partner-A, and `bücher.de` the host of http://bücher.de/."""
+    names Partner-A, and `bücher.de` the host of http://bücher.de/; runs of * made one, and
+    more than one * before its end refused (`grouping.bounded_glob`)."""
     if not pattern or pattern != pattern.strip():
         raise ConfigError(f"limit pattern {pattern!r} must be a non-empty glob without spaces")
-    return group_pattern(pattern)
+    bounded = bounded_glob(group_pattern(pattern))
+    if bounded is None:
+        raise ConfigError(
+            f"limit pattern {pattern!r} holds more than one * before its end: matching such a"
+            " glob can take Redis minutes a name (as in *.example.com, shop.*, *shop*: one)"
+        )
+    return bounded
 
 
 def is_exact(pattern: str) -> bool:

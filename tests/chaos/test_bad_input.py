@@ -45,7 +45,7 @@ from crawlq.backends import Backend
 from crawlq.checks import EXACT_INT, MAX_NAME, MAX_SECONDS
 from crawlq.cli.main import cli
 from crawlq.errors import ConfigError, CrawlqError, InvalidElement, UnknownQueue
-from crawlq.grouping import group_name
+from crawlq.grouping import bounded_glob, group_name
 from crawlq.identity import MAX_DEPTH, MAX_ELEMENT_BYTES, canonical_json
 from crawlq.limits import check_pattern
 from crawlq.portal import Portal
@@ -489,6 +489,7 @@ def test_bad_limits_are_refused_or_stored_exactly(
     app = App(harness.url)
     expected_ok = (
         name_ok(pattern)
+        and bounded_glob(pattern) is not None  # at most one * before its end
         and (concurrency is None or integer_ok(concurrency, low=1))
         and seconds_ok(interval, negative=False)
     )

@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import html
 import json
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
@@ -37,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from ..backends import Backend
 from ..checks import MAX_SECONDS
 from ..errors import CrawlqError, UnknownQueue
-from ..grouping import group_pattern
+from ..grouping import bounded_glob, group_pattern
 from ..types import GroupStats
 from .logs import redact
 from .metrics import METRIC_GROUPS, exposition, throttle_reason
@@ -138,8 +137,7 @@ def glob_for(search: str) -> str | None:
         return "*"
     if not any(c in search for c in "*?["):
         return f"*{search}*"
-    search = re.sub(r"\*+", "*", search)
-    return search if search.rstrip("*").count("*") <= 1 else None
+    return bounded_glob(search)
 
 
 class Dashboard:
