@@ -26,6 +26,8 @@ from typing import Any
 
 from prometheus_client.mmap_dict import MmapedDict
 
+from ..liveness import pid_exists
+
 FOLD_LOCK = "fold.lock"
 JOURNAL = "fold.journal"
 #: Kinds of value that add up across processes, so outlive theirs in `<kind>_archive.db`.
@@ -67,7 +69,7 @@ def _alive(folder: str, pid: int) -> bool:
     try:
         descriptor = os.open(_alive_path(folder, pid), os.O_RDWR)
     except FileNotFoundError:
-        return _pid_exists(pid)
+        return pid_exists(pid)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -75,16 +77,6 @@ def _alive(folder: str, pid: int) -> bool:
     finally:
         os.close(descriptor)
     return False
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def _files_by_pid(folder: str) -> dict[int, list[str]]:

@@ -32,7 +32,7 @@ from ..crawl.response import Response
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
 from ..errors import ConfigError, Permanent
-from ..observe.metrics_folder import _pid_exists as pid_exists
+from ..liveness import pid_exists
 from ..results import Record, ResultsStore
 from ..results.store import as_records
 from ..retry import Retry

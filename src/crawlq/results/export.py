@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..observe.metrics_folder import _pid_exists as pid_exists
+from ..liveness import pid_exists
 from .store import ResultsStore
 
 FORMATS = ("jsonl", "csv", "parquet")
