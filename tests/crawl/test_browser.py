@@ -364,6 +364,48 @@ async def test_fetch_calls_out_of_scope_or_to_refused_addresses_are_never_sent(
     only_crawlq_sent(net)
 
 
+class Datagrams(asyncio.DatagramProtocol):
+    """A UDP port that notes every datagram it gets."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.received.append(data)
+
+
+async def test_webrtc_sends_no_packet_past_the_guard(tmp_path: Path) -> None:
+    """WebRTC's ICE gathering sends STUN over UDP from Chromium itself, past the interception
+    and the proxy that leads nowhere: a page asks for a STUN server at an address the guard
+    refuses (a loopback one outside the allowed network), and gathering ends with nothing
+    received there (the page waits for gathering to complete)."""
+    loop = asyncio.get_running_loop()
+    transport, udp = await loop.create_datagram_endpoint(Datagrams, local_addr=("127.0.3.9", 0))
+    stun = "stun:127.0.3.9:{}".format(transport.get_extra_info("sockname")[1])
+    script = (
+        f"const pc = new RTCPeerConnection({{iceServers: [{{urls: {json.dumps(stun)}}}]}});"
+        "pc.createDataChannel('x');"
+        "pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === 'complete') "
+        + insert("<p id=done>gathered</p>")
+        + " };"
+        "pc.createOffer().then(offer => pc.setLocalDescription(offer));"
+    )
+    routes = {"/": page("webrtc", f"<script>{script}</script>")}
+    try:
+        async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+            allow = (f"{net.addresses['a.test']}/32",)
+            stats, rendered = await render_in_a_task(
+                tmp_path,
+                fetch_settings(net, allow_networks=allow),
+                net.url("a.test", "/"),
+                wait_for="#done",
+            )
+    finally:
+        transport.close()
+    assert udp.received == []
+    assert stats.done == 1 and 'id="done"' in str(rendered[0].html)
+
+
 async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts_set(
     tmp_path: Path,
 ) -> None:

@@ -15,8 +15,8 @@ each counts against its own host's group, as a redirect's later hops do. A rende
 request at a time to a host: to the page's own host within the slot its task holds, to any
 other host one at a time for the whole worker. What is not http(s), WebSockets and event
 streams, and images, media and fonts unless `media` allows them, are aborted. As a second
-wall, Chromium runs with a proxy that leads nowhere and a resolver that resolves nothing:
-a request the interception missed fails rather than leaves.
+wall, Chromium runs with a proxy that leads nowhere, a resolver that resolves nothing and
+WebRTC sending no UDP of its own: a request the interception missed fails rather than leaves.
 
 Failures are data: no Chromium -> FetchError(BROWSER_UNAVAILABLE); Chromium crashed or
 broke off -> FetchError(BROWSER_FAILED), retried, with a new Chromium; a render slower than
@@ -86,7 +86,8 @@ _SPENT_HEADERS = frozenset(
     {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
 )
 #: Chromium's launch: a proxy that leads nowhere (port 9, discard, on a reserved address)
-#: for every host, loopback included, and a resolver that finds no name.
+#: for every host, loopback included, a resolver that finds no name, and WebRTC kept to the
+#: proxy (its STUN/TURN packets over UDP would go straight to any address a page names).
 _NOWHERE = "http://0.0.0.0:9"
 _LAUNCH_ARGS = (
     "--proxy-bypass-list=<-loopback>",
@@ -95,6 +96,7 @@ _LAUNCH_ARGS = (
     "--disable-component-update",
     "--disable-domain-reliability",
     "--no-pings",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
 )
 #: Why crawlq refused a request, rather than failed to fetch it (Chromium sees the abort as
 #: "blocked by client" rather than as a network failure).
