@@ -469,6 +469,39 @@ async def test_a_rendered_dom_over_the_size_cap_is_too_large_as_a_body_would_be(
     assert record["detail"] == "rendered DOM over 20000 bytes"
 
 
+async def test_an_html_attachment_is_rendered_and_an_empty_answer_is_not_a_browser_failure(
+    tmp_path: Path,
+) -> None:
+    """HTML sent as an attachment would be a download to Chromium ("Download is starting"),
+    and a 204/205 leaves it where it was: neither is Chromium's failure (which is retried).
+    The attachment is rendered as the page it is; the empty answers are returned unrendered."""
+    attached = page_html("attached", [], f"<script>{insert('<p id=ran>ran</p>')}</script>")
+    routes = {
+        "/attached": respond(
+            body=attached, headers={"Content-Disposition": "attachment; filename=page.html"}
+        ),
+        "/204": respond(204),
+        "/205": respond(205),
+    }
+    results: dict[str, Rendered] = {}
+    async with SyntheticWeb([Site(name="a.test", routes=routes)]) as net:
+        app = App(f"sqlite:///{tmp_path / 'q.db'}")
+        app.provide("crawlq.fetcher", lambda: Fetcher(fetch_settings(net)))
+
+        @app.task(retry=Retry(max_attempts=1))
+        async def visit(ctx: Context, url: str) -> None:
+            for path in routes:
+                results[path] = await ctx.render(net.url("a.test", path))
+
+        await app.aschedule(visit, net.url("a.test", "/"))
+        stats = await Worker(app, burst=True).run()
+        await app.aclose()
+    assert stats.done == 1, results
+    assert '<p id="ran">ran</p>' in str(results["/attached"].html)
+    assert results["/204"].html is None and results["/205"].html is None
+    assert results["/204"].response.status == 204
+
+
 async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_goes_on(
     tmp_path: Path,
 ) -> None:

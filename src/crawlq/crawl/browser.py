@@ -85,6 +85,9 @@ _OWN_HEADERS = frozenset(
 _SPENT_HEADERS = frozenset(
     {"content-encoding", "content-length", "transfer-encoding", "connection", "keep-alive"}
 )
+#: ... nor, for the document crawlq took for a page, Content-Disposition: an attachment would
+#: be a download to Chromium, never rendered ("Download is starting", a failed render).
+_DOCUMENT_SPENT_HEADERS = _SPENT_HEADERS | {"content-disposition"}
 #: Chromium's launch: a proxy that leads nowhere (port 9, discard, on a reserved address)
 #: for every host, loopback included, a resolver that finds no name, and WebRTC kept to the
 #: proxy (its STUN/TURN packets over UDP would go straight to any address a page names).
@@ -210,8 +213,12 @@ def polite_fetch(
     return fetch
 
 
+#: 2xx statuses that carry no page: Chromium stays where it was, and the render would fail.
+_NO_CONTENT = frozenset({204, 205})
+
+
 def renderable(response: Response) -> bool:
-    return response.is_html and 200 <= response.status < 300
+    return response.is_html and 200 <= response.status < 300 and response.status not in _NO_CONTENT
 
 
 def require_playwright(what: str = "browser rendering") -> None:
@@ -501,7 +508,8 @@ class _Render:
             await _abort(route, "blockedbyclient" if exc.reason in _REFUSALS else "failed")
         else:
             self._note(url, kind, method, status=response.status)
-            await _fulfill(route, response)
+            spent = _DOCUMENT_SPENT_HEADERS if response is self.document else _SPENT_HEADERS
+            await _fulfill(route, response, spent)
 
     def _note(
         self,
@@ -552,13 +560,14 @@ class _Skipped(Exception):
     """A request of the page not fetched by choice."""
 
 
-async def _fulfill(route: Route, response: Response) -> None:
+async def _fulfill(route: Route, response: Response, spent: frozenset[str]) -> None:
+    """Answers the request with `response`, without its headers named in `spent`."""
     from playwright.async_api import Error
 
     headers: dict[str, str] = {}
     for name, value in response.headers:
         lower = name.lower()
-        if lower in _SPENT_HEADERS:
+        if lower in spent:
             continue
         if lower in headers:  # Playwright takes repeated headers as lines of one value
             headers[lower] += ("\n" if lower == "set-cookie" else ", ") + value
