@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import sys
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -500,6 +501,37 @@ async def test_an_html_attachment_is_rendered_and_an_empty_answer_is_not_a_brows
     assert '<p id="ran">ran</p>' in str(results["/attached"].html)
     assert results["/204"].html is None and results["/205"].html is None
     assert results["/204"].response.status == 204
+
+
+async def test_a_rendered_dom_over_the_size_cap_is_never_sent_to_crawlq(tmp_path: Path) -> None:
+    """A few bytes of script build a DOM of 30 million characters (and make `outerHTML` lie
+    in the page's own world): with a 1 MiB cap the render is TOO_LARGE, and the DOM was never
+    serialized into crawlq's memory (traced: far under the DOM's size)."""
+    grow = (
+        "document.body.insertAdjacentHTML('beforeend', '<p>' + 'x'.repeat(30000000) + '</p>');"
+        "Object.defineProperty(Element.prototype, 'outerHTML', {get() { return ''; }});"
+    )
+    routes = {"/": page("huge", f"<script>{grow}</script>")}
+    async with (
+        SyntheticWeb([Site(name="a.test", routes=routes)]) as net,
+        Fetcher(fetch_settings(net)) as fetcher,
+    ):
+        document = await fetcher.fetch(net.url("a.test", "/"))
+
+        async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Any:
+            return await fetcher.fetch(url, method=method, headers=headers, data=data)
+
+        async with Browser(BrowserSettings(timeout=60)) as browser:
+            tracemalloc.start()
+            try:
+                with pytest.raises(FetchError) as failed:
+                    await browser.render(document, fetch, max_bytes=2**20)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    assert failed.value.reason is Reason.TOO_LARGE
+    assert failed.value.detail == f"rendered DOM over {2**20} bytes"
+    assert peak < 10 * 2**20, peak
 
 
 async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_goes_on(

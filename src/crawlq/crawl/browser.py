@@ -48,7 +48,7 @@ from .response import Response
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser as Chromium
-    from playwright.async_api import Playwright, Route, WebSocketRoute
+    from playwright.async_api import Page, Playwright, Route, WebSocketRoute
 
     from .fetcher import Fetcher
     from .politeness import Politeness
@@ -340,7 +340,9 @@ class Browser:
             job = _Render(self, document, fetch)
             try:
                 async with asyncio.timeout(timeout):
-                    rendered = await self._render(chromium, job, deadline, wait_for, user_agent)
+                    rendered = await self._render(
+                        chromium, job, deadline, wait_for, user_agent, max_bytes
+                    )
             except (TimeoutError, PlaywrightTimeout) as exc:
                 why = str(exc) if isinstance(exc, TimeoutError) and str(exc) else ""
                 raise FetchError(
@@ -357,12 +359,7 @@ class Browser:
                 ) from exc
         size = len(rendered.html.encode("utf-8", "replace")) if rendered.html else 0
         if max_bytes is not None and size > max_bytes:
-            raise FetchError(
-                Reason.TOO_LARGE,
-                document.url,
-                f"rendered DOM over {max_bytes} bytes",
-                responses=document.chain,
-            )
+            raise _too_large(document, max_bytes)
         paused = job.paused
         if paused is not None:
             raise Throttled(
@@ -387,6 +384,7 @@ class Browser:
         deadline: float,
         wait_for: str | None,
         user_agent: str | None,
+        max_bytes: int | None,
     ) -> Rendered:
         from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -412,6 +410,8 @@ class Browser:
                     await page.wait_for_selector(wait_for, state="attached", timeout=left())
                 except PlaywrightTimeout as exc:
                     raise TimeoutError(f"nothing matched {wait_for!r}") from exc
+            if max_bytes is not None and await _dom_length(page) > max_bytes:
+                raise _too_large(job.document, max_bytes)  # not serialized, nor sent to us
             html = await page.content()
             return Rendered(
                 response=job.document, html=html, url=page.url, resources=tuple(job.resources)
@@ -419,6 +419,42 @@ class Browser:
         finally:
             await job.stop()
             await context.close()
+
+
+def _too_large(document: Response, max_bytes: int) -> FetchError:
+    return FetchError(
+        Reason.TOO_LARGE,
+        document.url,
+        f"rendered DOM over {max_bytes} bytes",
+        responses=document.chain,
+    )
+
+
+#: The length of what `page.content()` serializes, less the doctype: no more UTF-16 code
+#: units than the UTF-8 bytes it would be.
+_DOM_LENGTH = "document.documentElement ? document.documentElement.outerHTML.length : 0"
+
+
+async def _dom_length(page: Page) -> int:
+    """The rendered DOM's length (`_DOM_LENGTH`), measured in Chromium, so that a DOM over
+    the size cap is never serialized and sent to crawlq (a few bytes of script can build
+    hundreds of megabytes), in a world of its own, where the page's scripts cannot fake it."""
+    cdp = await page.context.new_cdp_session(page)
+    try:
+        tree = await cdp.send("Page.getFrameTree")
+        frame = tree["frameTree"]["frame"]["id"]
+        world = await cdp.send("Page.createIsolatedWorld", {"frameId": frame})
+        answer = await cdp.send(
+            "Runtime.evaluate",
+            {
+                "expression": _DOM_LENGTH,
+                "contextId": world["executionContextId"],
+                "returnByValue": True,
+            },
+        )
+    finally:
+        await cdp.detach()
+    return int(answer["result"]["value"])
 
 
 async def _alive(chromium: Chromium) -> bool:
