@@ -32,7 +32,7 @@ from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import DEFAULT_USER_AGENT, FetchSettings
 from crawlq.crawl.store import WarcStore
-from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
+from crawlq.crawl.testing import Site, SyntheticWeb, hang, redirect, respond
 from crawlq.crawl.testing.sites import page_html
 from crawlq.errors import ConfigError
 from crawlq.grouping import url_host
@@ -405,6 +405,45 @@ async def test_webrtc_sends_no_packet_past_the_guard(tmp_path: Path) -> None:
         transport.close()
     assert udp.received == []
     assert stats.done == 1 and 'id="done"' in str(rendered[0].html)
+
+
+async def test_requests_beyond_max_requests_are_aborted_even_while_the_first_are_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The page asks ten hosts at once (one at a time per host: these all go together) and
+    none of them answers until the test is over: with max_requests=3 the document and two of
+    them are requests of the page, and the other eight are aborted at once (the page sees
+    them fail), rather than sent because no request had been answered yet."""
+    release = asyncio.Event()
+    sites = [Site(name=f"b{n}.test", routes={"/": hang(release)}) for n in range(10)]
+    async with SyntheticWeb([Site(name="a.test"), *sites]) as net:
+        calls = "".join(
+            f"fetch({json.dumps(net.url(site.name, '/'))}).catch(failed);" for site in sites
+        )
+        script = (
+            "let refused = 0;"
+            "function failed() { if (++refused === 8) "
+            + insert("<p id=done>done</p>")
+            + " }"
+            + calls
+        )
+        net.sites["a.test"].routes["/"] = page("many", f"<script>{script}</script>")
+        async with Fetcher(fetch_settings(net, robots=False)) as fetcher:
+            document = await fetcher.fetch(net.url("a.test", "/"))
+
+            async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Any:
+                return await fetcher.fetch(url, method=method, headers=headers, data=data)
+
+            settings = BrowserSettings(max_requests=3, timeout=20, wait_until="load")
+            try:
+                async with Browser(settings) as browser:
+                    rendered = await browser.render(document, fetch, wait_for="#done")
+            finally:
+                release.set()
+    skipped = [r for r in rendered.resources if r.error == "skipped"]
+    assert len(skipped) == 8 and {r.detail for r in skipped} == {"over 3 requests"}
+    sent = [h.host for h in net.hits if h.host != "a.test"]  # the render may end first
+    assert len(sent) <= 2, sent
 
 
 async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts_set(

@@ -484,6 +484,7 @@ class _Render:
         self.host = _host(document.url)
         self.resources: list[Resource] = []
         self._served = False  # the document was handed to Chromium
+        self._requests = 0  # the page's requests so far, answered or not yet
         self._stopped = False
         #: A 429/503 the page's own host answered one of its requests with.
         self.paused: Throttled | None = None
@@ -526,6 +527,7 @@ class _Render:
 
     async def _answer_with(self, route: Route, url: str, kind: str, method: str) -> None:
         request = route.request
+        self._requests += 1
         try:
             if not self._served and request.is_navigation_request():
                 self._served = True
@@ -572,7 +574,7 @@ class _Render:
             raise _Skipped(f"{kind}: a stream")
         if kind in MEDIA and not settings.media:
             raise _Skipped(f"{kind}: media are not fetched (BrowserSettings.media)")
-        if len(self.resources) >= settings.max_requests:
+        if self._requests > settings.max_requests:  # counted as they come: they overlap
             raise _Skipped(f"over {settings.max_requests} requests")
 
     async def _fetched(
