@@ -24,11 +24,18 @@ from warcio.archiveiterator import ArchiveIterator
 
 from crawlq import Context, Retry
 from crawlq.app import App
-from crawlq.crawl.browser import DEFAULT_CHROMIUM, Browser, BrowserSettings, Rendered
+from crawlq.crawl.browser import (
+    DEFAULT_CHROMIUM,
+    Browser,
+    BrowserSettings,
+    Rendered,
+    ResourceFetch,
+)
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.records import read_records
+from crawlq.crawl.response import Response
 from crawlq.crawl.scope import Scope
 from crawlq.crawl.settings import DEFAULT_USER_AGENT, FetchSettings
 from crawlq.crawl.store import WarcStore
@@ -88,6 +95,15 @@ async def render_in_a_task(
     stats = await Worker(app, burst=True).run()
     await app.aclose()
     return stats, rendered
+
+
+def direct(fetcher: Fetcher) -> ResourceFetch:
+    """A page's requests fetched by `fetcher` alone, for `Browser.render` in a test."""
+
+    async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Response:
+        return await fetcher.fetch(url, method=method, headers=headers, data=data)
+
+    return fetch
 
 
 def only_crawlq_sent(net: SyntheticWeb) -> None:
@@ -430,9 +446,7 @@ async def test_requests_beyond_max_requests_are_aborted_even_while_the_first_are
         net.sites["a.test"].routes["/"] = page("many", f"<script>{script}</script>")
         async with Fetcher(fetch_settings(net, robots=False)) as fetcher:
             document = await fetcher.fetch(net.url("a.test", "/"))
-
-            async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Any:
-                return await fetcher.fetch(url, method=method, headers=headers, data=data)
+            fetch = direct(fetcher)
 
             settings = BrowserSettings(max_requests=3, timeout=20, wait_until="load")
             try:
@@ -556,9 +570,7 @@ async def test_a_rendered_dom_over_the_size_cap_is_never_sent_to_crawlq(tmp_path
         Fetcher(fetch_settings(net)) as fetcher,
     ):
         document = await fetcher.fetch(net.url("a.test", "/"))
-
-        async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Any:
-            return await fetcher.fetch(url, method=method, headers=headers, data=data)
+        fetch = direct(fetcher)
 
         async with Browser(BrowserSettings(timeout=60)) as browser:
             tracemalloc.start()
@@ -593,18 +605,28 @@ async def test_a_missing_chromium_is_an_error_in_the_page_record_and_the_crawl_g
         assert record["links"] == 0 and not record["rendered"]
 
 
-def kill_chromium() -> int:
-    """SIGKILLs the Chromium browser processes crawlq started in this test process (found by
-    the resolver rule it launches them with; not the renderers and helpers, which go with
-    it, nor a dashboard test's Chromium); returns how many."""
-    killed = 0
+def chromium_processes() -> list[psutil.Process]:
+    """The Chromium browser processes crawlq started in this test process (found by the
+    resolver rule it launches them with; not the renderers and helpers, which go with it,
+    nor a dashboard test's Chromium)."""
+    found = []
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             command = process.cmdline()
             main = command and not any(arg.startswith("--type=") for arg in command)
             if main and "--host-resolver-rules=MAP * ~NOTFOUND" in command:
-                process.kill()
-                killed += 1
+                found.append(process)
+    return found
+
+
+def kill_chromium() -> int:
+    """SIGKILLs the Chromium browser processes crawlq started in this test process; returns
+    how many."""
+    killed = 0
+    for process in chromium_processes():
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+            killed += 1
     return killed
 
 
@@ -633,6 +655,44 @@ async def test_chromium_killed_mid_render_fails_the_page_alone_and_the_retry_ren
     ]
     assert tries[1]["rendered"] and tries[1]["links"] == 1
     assert stats.done == 1 and stats.dead == 0
+
+
+async def test_a_hung_chromium_fails_the_render_and_is_replaced_not_kept(tmp_path: Path) -> None:
+    """The server stops Chromium (SIGSTOP) while answering the page's script: it is still
+    connected but never answers again. The render fails as browser_failed (retried), the
+    hung Chromium is killed, and the next render launches a new one; closing never hangs."""
+    stopped: list[psutil.Process] = []
+
+    async def script(request: web.Request) -> web.StreamResponse:
+        if not stopped:
+            stopped.extend(chromium_processes())
+            for process in stopped:
+                process.suspend()
+        return web.Response(text=insert("<p id=ran>ran</p>"), content_type=JS)
+
+    routes = {"/": page("hung", '<script src="/app.js"></script>'), "/app.js": script}
+    try:
+        async with (
+            SyntheticWeb([Site(name="a.test", routes=routes)]) as net,
+            Fetcher(fetch_settings(net)) as fetcher,
+        ):
+            document = await fetcher.fetch(net.url("a.test", "/"))
+            fetch = direct(fetcher)
+
+            async with Browser(BrowserSettings(timeout=4)) as browser:
+                with pytest.raises(FetchError) as failed:
+                    await browser.render(document, fetch)
+                again = await browser.render(document, fetch, wait_for="#ran")
+                launches = browser.launches
+                hung_left = [p.pid for p in stopped if p.is_running()]  # not killed: leaked
+    finally:
+        for process in stopped:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+    assert len(stopped) == 1
+    assert failed.value.reason is Reason.BROWSER_FAILED and failed.value.transient
+    assert "stopped answering" in failed.value.detail
+    assert 'id="ran"' in str(again.html) and launches == 2 and hung_left == []
 
 
 async def test_a_browser_that_cannot_start_is_an_error_of_the_render_not_of_the_worker(

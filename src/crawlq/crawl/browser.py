@@ -264,8 +264,10 @@ class Browser:
         chromium, self._chromium = self._chromium, None
         playwright, self._playwright = self._playwright, None
         if chromium is not None:
-            with contextlib.suppress(Error):  # already gone
-                await chromium.close()
+            # Already gone, or hung: Playwright's driver kills it as it stops.
+            with contextlib.suppress(Error, TimeoutError):
+                async with asyncio.timeout(PROBE_TIMEOUT):
+                    await chromium.close()
         if playwright is not None:
             await playwright.stop()
 
@@ -344,6 +346,14 @@ class Browser:
                         chromium, job, deadline, wait_for, user_agent, max_bytes
                     )
             except (TimeoutError, PlaywrightTimeout) as exc:
+                if not await _alive(chromium):  # hung, not slow: it would never answer again
+                    await self._forget(chromium)
+                    raise FetchError(
+                        Reason.BROWSER_FAILED,
+                        document.url,
+                        f"Chromium stopped answering: not rendered within {timeout:g}s",
+                        responses=document.chain,
+                    ) from exc
                 why = str(exc) if isinstance(exc, TimeoutError) and str(exc) else ""
                 raise FetchError(
                     Reason.TIMEOUT,
@@ -372,7 +382,7 @@ class Browser:
         return rendered
 
     async def _forget(self, chromium: Chromium) -> None:
-        """Drops a Chromium that crashed or broke off: the next render launches another."""
+        """Drops a Chromium that crashed, broke off or hung: the next render launches another."""
         async with self._starting:
             if self._chromium is chromium:
                 await self._shutdown()
