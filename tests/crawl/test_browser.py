@@ -428,8 +428,9 @@ async def test_requests_beyond_max_requests_are_aborted_even_while_the_first_are
 ) -> None:
     """The page asks ten hosts at once (one at a time per host: these all go together) and
     none of them answers until the test is over: with max_requests=3 the document and two of
-    them are requests of the page, and the other eight are aborted at once (the page sees
-    them fail), rather than sent because no request had been answered yet."""
+    them are requests of the page, and the other eight fail at once (aborted by crawlq, or,
+    once it stopped routing them, in Chromium), rather than sent because no request had been
+    answered yet."""
     release = asyncio.Event()
     sites = [Site(name=f"b{n}.test", routes={"/": hang(release)}) for n in range(10)]
     async with SyntheticWeb([Site(name="a.test"), *sites]) as net:
@@ -455,9 +456,36 @@ async def test_requests_beyond_max_requests_are_aborted_even_while_the_first_are
             finally:
                 release.set()
     skipped = [r for r in rendered.resources if r.error == "skipped"]
-    assert len(skipped) == 8 and {r.detail for r in skipped} == {"over 3 requests"}
+    assert skipped and {r.detail for r in skipped} == {"over 3 requests"}
     sent = [h.host for h in net.hits if h.host != "a.test"]  # the render may end first
     assert len(sent) <= 2, sent
+
+
+async def test_past_max_requests_the_pages_requests_no_longer_reach_crawlq(
+    tmp_path: Path,
+) -> None:
+    """Past max_requests a page's requests fail in Chromium, at the proxy that leads nowhere,
+    rather than each being routed to crawlq to be aborted there (a page asking thousands a
+    second kept the worker's loop busy and its memory growing far past the timeout). The
+    page asks one request at a time: the third is over the cap, and those after it are never
+    seen by crawlq, though the page saw each fail."""
+    script = (
+        "(async () => { for (let n = 0; n < 6; n++) await fetch('/page/' + n).catch(() => {});"
+        + insert("<p id=done>done</p>")
+        + "})();"
+    )
+    routes = {"/": page("capped", f"<script>{script}</script>")}
+    async with (
+        SyntheticWeb([Site(name="a.test", pages=6, routes=routes)]) as net,
+        Fetcher(fetch_settings(net)) as fetcher,
+    ):
+        document = await fetcher.fetch(net.url("a.test", "/"))
+        settings = BrowserSettings(max_requests=3, wait_until="load")
+        async with Browser(settings) as browser:
+            rendered = await browser.render(document, direct(fetcher), wait_for="#done")
+    seen = [(r.url.split("/", 3)[3], r.status or r.error) for r in rendered.resources]
+    assert seen == [("", 200), ("page/0", 200), ("page/1", 200), ("page/2", "skipped")]
+    assert sorted(h.path for h in net.hits) == ["/", "/page/0", "/page/1", "/robots.txt"]
 
 
 async def test_a_pages_requests_carry_the_sessions_cookies_and_those_its_scripts_set(

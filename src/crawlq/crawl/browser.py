@@ -123,7 +123,8 @@ class BrowserSettings:
     `media`: let images, media and fonts be fetched too. `resource_domains`: hosts (with
     their sub-domains) a crawl's pages may load resources from although its scope does not
     allow them as pages, such as a CDN. `max_requests`: requests of one render beyond this
-    many are aborted."""
+    many are aborted (the first one by crawlq; then the page's requests are no longer routed
+    to crawlq at all, and fail in Chromium)."""
 
     executable: str = DEFAULT_CHROMIUM
     pages: int = 4
@@ -405,7 +406,7 @@ class Browser:
             service_workers="block", accept_downloads=False, user_agent=user_agent
         )
         try:
-            page = await context.new_page()
+            page = job.page = await context.new_page()
             await page.route("**/*", job.route)
             await page.route_web_socket("**/*", _refuse_web_socket)
             wait_until = self.settings.wait_until
@@ -495,6 +496,7 @@ class _Render:
         self.resources: list[Resource] = []
         self._served = False  # the document was handed to Chromium
         self._requests = 0  # the page's requests so far, answered or not yet
+        self.page: Page | None = None  # set once open: its requests are routed here
         self._stopped = False
         #: A 429/503 the page's own host answered one of its requests with.
         self.paused: Throttled | None = None
@@ -548,6 +550,8 @@ class _Render:
                 response = await self._fetched(url, method, headers, request.post_data_buffer)
         except _Skipped as exc:
             self._note(url, kind, method, error="skipped", detail=str(exc))
+            if self._over():
+                await self._unroute()  # before the page hears of it
             await _abort(route, "blockedbyclient")
         except FetchError as exc:
             if isinstance(exc, Throttled) and exc.answered and _host(url) == self.host:
@@ -584,8 +588,23 @@ class _Render:
             raise _Skipped(f"{kind}: a stream")
         if kind in MEDIA and not settings.media:
             raise _Skipped(f"{kind}: media are not fetched (BrowserSettings.media)")
-        if self._requests > settings.max_requests:  # counted as they come: they overlap
+        if self._over():
             raise _Skipped(f"over {settings.max_requests} requests")
+
+    def _over(self) -> bool:
+        return self._requests > self.browser.settings.max_requests  # counted as they come
+
+    async def _unroute(self) -> None:
+        """Past max_requests, the page's requests are no longer routed to crawlq: they fail
+        in Chromium, at the proxy that leads nowhere. A page asking for thousands a second
+        would otherwise keep the worker's loop answering them (and its memory holding them)
+        far past the render's timeout."""
+        from playwright.async_api import Error
+
+        page, self.page = self.page, None
+        if page is not None:
+            with contextlib.suppress(Error):
+                await page.unroute_all(behavior="ignoreErrors")
 
     async def _fetched(
         self,
