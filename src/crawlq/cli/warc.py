@@ -11,7 +11,7 @@ import click
 
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
-from ..crawl.warc_check import CheckReport, check, warc_directory
+from ..crawl.warc_check import CheckReport, check, warc_directory, warc_files
 from ..observe.logs import printable
 from .common import Group, run
 
@@ -41,8 +41,7 @@ def warc_check(path: Path, repair: bool, progress: bool | None) -> None:
     whole (after --repair: once it made them so) and no file is damaged in the middle (the
     records there are lost: nothing repairs that), 1 otherwise."""
     directory = warc_directory(path)
-    files = sorted(directory.glob("*.warc.gz"))
-    total = sum(f.stat().st_size for f in files)
+    total = sum(f.stat().st_size for f in warc_files(directory))
     if progress is None:
         progress = sys.stderr.isatty()
     if progress and total:

@@ -169,6 +169,15 @@ def warc_date(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def warc_time(date: str) -> float:
+    """A WARC-Date (as `warc_date` writes it, or ISO 8601 as other tools do) in seconds since
+    the epoch; UTC unless it says otherwise. ValueError if it is no such date."""
+    moment = datetime.fromisoformat(date)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
 class RotatingWarcWriter:
     """Appends records to `<prefix>-<stamp>-<pid>-<n>.warc.gz` files, a new one after each
     reaches `max_file_bytes`. Each writer writes files of its own: it creates each, never
@@ -476,5 +485,4 @@ def _record_at(directory: Path, ref: RecordRef, kind: str) -> ArcWarcRecord:
 
 
 def _fetched_at(record: ArcWarcRecord) -> float:
-    date = record.rec_headers.get_header("WARC-Date")
-    return datetime.strptime(date, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    return warc_time(record.rec_headers.get_header("WARC-Date"))

@@ -30,13 +30,13 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import ConfigError
 from .redact import redact_url
 from .store import INDEX_FILE, INSERT_RENDITION, INSERT_RESPONSE, open_index
+from .warc import warc_time
 
 #: Bytes read from a file at a time: the scanner hands zlib this much, and zlib copies what
 #: is left after a member's end, so small reads keep a file of small records linear.
@@ -107,10 +107,15 @@ class CheckReport:
         return not (self.unindexed or self.stale or self.torn)
 
 
+def warc_files(directory: Path) -> list[Path]:
+    """The WARC files of `directory`, in name order (each writer's in the order it made them)."""
+    return sorted(directory.glob("*.warc.gz"))
+
+
 def warc_directory(path: Path) -> Path:
     """The WARC folder of `path`: itself, or its `warc/` (a crawl's --out, a pipeline's data)."""
     for candidate in (path, path / "warc"):
-        if (candidate / INDEX_FILE).exists() or any(candidate.glob("*.warc.gz")):
+        if (candidate / INDEX_FILE).exists() or warc_files(candidate):
             return candidate
     raise ConfigError(f"{path}: no WARC files or {INDEX_FILE} here, nor in {path / 'warc'}")
 
@@ -120,10 +125,9 @@ def check(
 ) -> CheckReport:
     """Scans every file of `directory` and compares the index with it; with `repair` (refused
     while a crawl writes there), indexes the unindexed records, drops the stale rows and cuts
-    off torn tails. `progress` is called
-    with the bytes scanned as the scan goes. Without `repair` nothing is written (a missing
-    index is read as an empty one)."""
-    files = [scan_file(path, progress) for path in sorted(directory.glob("*.warc.gz"))]
+    off torn tails. `progress` is called with the bytes scanned as the scan goes. Without
+    `repair` nothing is written (a missing index is read as an empty one)."""
+    files = [scan_file(path, progress) for path in warc_files(directory)]
     held = [scan.name for scan in files if scan.in_use]
     if repair and held:
         # A running crawl's file between two records is held by no one, and its last records
@@ -280,7 +284,7 @@ def _field(block: bytes, lowered: bytes, name: bytes) -> bytes:
 def _when(date: str) -> float:
     """A WARC-Date in seconds since the epoch (0 when it is none)."""
     try:
-        return datetime.fromisoformat(date).replace(tzinfo=UTC).timestamp()
+        return warc_time(date)
     except ValueError:
         return 0.0
 
