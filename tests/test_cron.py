@@ -15,6 +15,7 @@ import pytest
 from crawlq import App, ConfigError, Context, cron
 from crawlq.cron import Cron, trigger
 from crawlq.identity import canonical_json
+from crawlq.types import Failure
 from crawlq.worker import Worker
 
 from .conftest import backend_url
@@ -103,13 +104,19 @@ class Job:
     """A cron app on a backend with a manual clock; `ran` holds the elements its task got."""
 
     def __init__(
-        self, url: str, clock: ManualClock, *, fail: bool = False, lease: float = 60.0
+        self,
+        url: str,
+        clock: ManualClock,
+        *,
+        fail: bool = False,
+        lease: float = 60.0,
+        expression: str = "0 2 * * *",
     ) -> None:
         self.clock = clock
         self.app = App(url, clock=clock)
         self.ran: list[Any] = []
 
-        @self.app.task(cron="0 2 * * *", max_attempts=1, lease=lease)
+        @self.app.task(cron=expression, max_attempts=1, lease=lease)
         def nightly(ctx: Context, when: str) -> None:
             self.ran.append(when)
             if fail:
@@ -121,9 +128,15 @@ class Job:
         """A worker starts, runs what is due, and stops once nothing is due soon."""
         await Worker(self.app, burst=True, concurrency=4).run()
 
+    @property
+    def trigger(self) -> Any:
+        schedule = self.task.options.cron
+        assert schedule is not None
+        return trigger("nightly", schedule)
+
     async def trigger_due_or_none(self) -> float | None:
         backend = await self.app.backend()
-        info = await backend.element("nightly", canonical_json(trigger("nightly")))
+        info = await backend.element("nightly", canonical_json(self.trigger))
         return None if info is None or info.state != "delayed" else info.due
 
     async def trigger_due(self) -> float:
@@ -206,29 +219,77 @@ async def test_crawlq_start_runs_a_cron_task_now_beside_its_schedule(job_url: st
         await job.app.aclose()
 
 
-async def test_a_running_worker_plants_a_trigger_moved_away_back_in_its_place(
+async def test_a_running_worker_plants_a_dead_lettered_trigger_again(
     job_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A trigger lost from its chain (dead-lettered when the backend failed mid-run, moved by
-    hand) comes back within cron.REPLANT_EVERY without a worker restart."""
+    """A trigger lost from its chain (dead-lettered when the backend failed in the middle of
+    its run) comes back within cron.REPLANT_EVERY without a worker restart."""
     monkeypatch.setattr(cron, "REPLANT_EVERY", 0.0)
     clock = ManualClock(at("2026-11-24T10:00Z"))
     job = Job(job_url, clock, lease=0.6)  # heartbeats (and plantings) 0.2 s apart
+    await job.work()
+    backend = await job.app.backend()
+    clock.t = at("2026-11-25T02:00Z")
+    (claimed,) = (await backend.claim(["nightly"], worker="lost", limit=1, lease=60)).elements
+    lost = Failure(element=claimed, error="Redis went away in the middle of the run")
+    await backend.fail([lost])
+    assert await job.counts() == (0, 1)
     worker = Worker(job.app, concurrency=1)
     running = asyncio.create_task(worker.run())
     try:
         async with asyncio.timeout(GUARD):
-            while await job.trigger_due_or_none() != at("2026-11-25T02:00Z"):
+            while await job.trigger_due_or_none() != at("2026-11-26T02:00Z"):
                 await asyncio.sleep(0.01)
-            await job.app.aschedule(job.task, trigger("nightly"), seconds=10 * 365 * 86400)
-            assert await job.trigger_due() > at("2030-01-01T00:00Z")
-            while await job.trigger_due_or_none() != at("2026-11-25T02:00Z"):
-                await asyncio.sleep(0.01)
-        assert job.ran == []
+        assert job.ran == []  # that night failed with its trigger: a dead letter
     finally:
         worker.stop()
         await running
         await job.app.aclose()
+
+
+async def test_a_trigger_an_operator_moved_later_stays_there_to_skip_a_night(
+    job_url: str,
+) -> None:
+    clock = ManualClock(at("2026-11-24T10:00Z"))
+    job = Job(job_url, clock)
+    try:
+        await job.work()
+        await job.app.aschedule(job.task, job.trigger, seconds=at("2026-11-26T02:00Z") - clock.t)
+        await job.work()  # a worker starting plants its triggers
+        await cron.plant([job.task], await job.app.backend())  # as a running one does
+        assert await job.trigger_due() == at("2026-11-26T02:00Z")
+        clock.t = at("2026-11-25T02:30Z")
+        await job.work()
+        assert job.ran == []
+        clock.t = at("2026-11-26T02:00Z")
+        await job.work()
+        assert job.ran == ["2026-11-26T02:00:00Z"]
+        assert await job.trigger_due() == at("2026-11-27T02:00Z")
+    finally:
+        await job.app.aclose()
+
+
+async def test_a_changed_schedule_takes_effect_at_once_and_the_old_trigger_runs_nothing(
+    job_url: str,
+) -> None:
+    clock = ManualClock(at("2026-11-24T10:00Z"))
+    before = Job(job_url, clock)  # every night at 02:00
+    await before.work()
+    await before.app.aclose()
+    after = Job(job_url, clock, expression="0 23 * * *")  # deployed: every night at 23:00
+    try:
+        await after.work()
+        assert await after.trigger_due() == at("2026-11-24T23:00Z")
+        clock.t = at("2026-11-24T23:00Z")
+        await after.work()
+        assert after.ran == ["2026-11-24T23:00:00Z"]
+        clock.t = at("2026-11-25T02:00Z")  # the old trigger comes due, and ends
+        await after.work()
+        assert after.ran == ["2026-11-24T23:00:00Z"]
+        assert await after.counts() == (1, 0)
+        assert await after.trigger_due() == at("2026-11-25T23:00Z")
+    finally:
+        await after.app.aclose()
 
 
 async def test_a_worker_lost_in_the_middle_of_a_trigger_s_run_loses_no_occurrence(

@@ -3,7 +3,10 @@
 The queue does the bookkeeping, so any number of workers on any number of machines fire
 each occurrence once, with nothing else running. Each cron task's queue holds one *trigger*
 element (`trigger`), due at the next occurrence; being unique, it is one whatever number of
-workers plant it (each does as it starts and every REPLANT_EVERY, `Mode.ONLY_IF_EARLIER`).
+workers plant it (each does as it starts and every REPLANT_EVERY, `Mode.ONLY_IF_NEW`: one an
+operator moved, to skip a night, stays where it was put). The trigger names its expression
+and zone, so a changed schedule plants a trigger of its own at once; the old one, when it
+comes due, runs nothing.
 When the trigger runs, it schedules in one step the occurrence's own element (its time, as
 text: "2026-11-25T02:00:00Z", which the task's function receives) and the next trigger (the
 queue remembers a schedule made while its element runs, and applies it however the run
@@ -21,6 +24,7 @@ same wall time on the old offset (an hour late); a time it repeats fires once.
 from __future__ import annotations
 
 import calendar
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,10 +39,12 @@ if TYPE_CHECKING:
     from .context import Context
     from .tasks import Task
 
-#: The payload of a cron task's trigger element; the task's name is its value.
+log = logging.getLogger(__name__)
+#: The field naming the task in a cron trigger element (beside its expression and zone).
 TRIGGER = "crawlq.cron"
 #: Seconds between a running worker's plantings of its cron triggers: one lost (dead-lettered
-#: after its backend failed in the middle of its run, or moved by hand) is back by then.
+#: after its backend failed in the middle of its run, or lost with a Redis that kept no
+#: copy) is back by then.
 REPLANT_EVERY = 300.0
 #: An expression matching no time in this many years is refused (`0 0 30 2 *`).
 HORIZON_YEARS = 8
@@ -171,41 +177,46 @@ def _number(text: str, name: str, whole: str, names: dict[str, int]) -> int:
 
 
 def occurrence_text(moment: float) -> str:
-    """An occurrence as the element a cron task receives: UTC, to the second."""
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An occurrence as the element a cron task receives: UTC, to the minute, as cron's
+    times are (a trigger moved by hand to a few seconds past one still names that minute)."""
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:00Z")
 
 
-def trigger(task_name: str) -> JSON:
-    """The element that fires a cron task's occurrences (one per queue: it is unique)."""
-    return {TRIGGER: task_name}
+def trigger(task_name: str, cron: Cron) -> JSON:
+    """The element that fires a cron task's occurrences (one per queue and schedule: it is
+    unique)."""
+    return {TRIGGER: task_name, "cron": cron.expression, "tz": cron.tz}
 
 
 def is_trigger(element: object, task_name: str) -> bool:
-    return element == trigger(task_name)
+    """A trigger of this task: of its schedule now, or of one it had (which runs nothing)."""
+    return isinstance(element, dict) and element.get(TRIGGER) == task_name
 
 
 async def plant(tasks: Iterable[Task[Any]], backend: Backend) -> None:
-    """Each cron task's trigger, due at its next occurrence unless it is due sooner (a missed
-    occurrence, or an expression changed to one that comes sooner): what a worker of their
-    queues does as it starts."""
+    """Each cron task's trigger, due at its next occurrence, unless it is queued already
+    (due sooner for a missed occurrence, or later where an operator moved it): what a worker
+    of their queues does as it starts."""
     now = backend.now()
     items = [
-        task.prepare(
-            trigger(task.name), due=task.options.cron.next_after(now), mode=Mode.ONLY_IF_EARLIER
-        )
+        task.prepare(trigger(task.name, cron), due=cron.next_after(now), mode=Mode.ONLY_IF_NEW)
         for task in tasks
-        if task.options.cron is not None
+        if (cron := task.options.cron) is not None
     ]
     if items:
         await backend.schedule(items)
 
 
-async def fire(task: Task[Any], cron: Cron, ctx: Context) -> None:
+async def fire(task: Task[Any], cron: Cron, ctx: Context, element: JSON) -> None:
     """A trigger's run: the occurrence it was due for and the next trigger (which the queue
     remembers while this one runs), in one atomic schedule. A crash before it runs the trigger
     again; after it, its lease's end requeues the trigger at the next occurrence (with its ack,
-    the occurrence would have been lost then), so each occurrence is scheduled once."""
+    the occurrence would have been lost then), so each occurrence is scheduled once. The
+    trigger of a schedule the task no longer has ends there: its ack removes it."""
+    if element != trigger(task.name, cron):
+        log.info("%s: the trigger of an earlier schedule %s runs nothing", task.name, element)
+        return
     now = ctx.backend.now()
     occurrence = task.prepare(occurrence_text(ctx.due), due=now, mode=Mode.ONLY_IF_NEW)
-    following = task.prepare(trigger(task.name), due=cron.next_after(max(now, ctx.due)))
+    following = task.prepare(trigger(task.name, cron), due=cron.next_after(max(now, ctx.due)))
     await ctx.backend.schedule([occurrence, following])

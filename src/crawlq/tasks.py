@@ -105,7 +105,7 @@ class Task(Generic[R]):
 
     async def run(self, ctx: Context, element: Any) -> Any:
         if self.options.cron is not None and is_trigger(element, self.name):
-            return await fire(self, self.options.cron, ctx)
+            return await fire(self, self.options.cron, ctx, element)
         return await call_task_function(self.function, self.is_async, ctx, element)
 
 
