@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Sequence
 
 from crawlq.backends import Backend
@@ -95,3 +97,16 @@ async def assert_a_rule_of_old_is_the_apps(backend: Backend, pattern: str) -> No
     await backend.set_limits([operator])
     await backend.set_limits([LimitRule(pattern=pattern, limit=Limit(concurrency=9))])
     assert [r for r in await backend.limits() if r.pattern == pattern] == [operator]
+
+
+def can_take(path: str) -> bool:
+    """Whether another open file of `path` gets its flock now (never waits): a SQLite write
+    turn (`path` ending in writelock.SUFFIX) that no process holds."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True

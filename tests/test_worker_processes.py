@@ -5,6 +5,7 @@ bounded polls for a condition, never fixed sleeps."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import itertools
 import logging
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 import crawlq
+from crawlq import writelock
 from crawlq.backends import open_backend
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import JSON, GroupStats, QueueStats
@@ -29,6 +31,7 @@ from crawlq.worker import supervisor
 
 from .apps.record import peak_overlap, read_events
 from .conftest import BACKENDS, backend_url
+from .helpers import can_take
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.apps.proc_app:app"
@@ -409,6 +412,45 @@ def test_a_stop_during_the_restart_pause_starts_no_process_again(
     with app:
         stats = queue_stats(app, "hold")
         assert (stats.total, stats.running) == (2, 1)  # the killed one's lease runs on
+
+
+def test_ctrl_z_stops_every_process_between_writes_and_fg_continues_them(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-Z at the terminal reaches the parent alone: it stops its children too, each
+    once out of its SQLite write turn, so no other writer waits on a stopped one; the
+    shell's SIGCONT continues them all, and nothing is lost."""
+    env = make_env(f"sqlite:///{tmp_path / 'queue.db'}", tmp_path)
+    app = env.app()
+    with app:
+        app.schedule_many("hold", [{"n": n, "seconds": 0.002} for n in range(3000)])
+    parent = two_workers(env, output=subprocess.PIPE)
+    wait_for(lambda: len({e["pid"] for e in env.events()}) == 2, what="a task in each process")
+    children = {e["pid"] for e in env.events()}
+    for _ in range(3):
+        os.kill(parent.pid, signal.SIGTSTP)  # as a terminal does: the parent's group
+        for pid in (parent.pid, *children):
+            wait_for(functools.partial(stopped, pid), what=f"process {pid} stopped")
+        assert can_take(f"{tmp_path / 'queue.db'}{writelock.SUFFIX}")
+        done = len(env.events())
+        os.kill(parent.pid, signal.SIGCONT)
+        wait_for(functools.partial(more_events, env, done), what="work after SIGCONT")
+    with app:
+        wait_for(lambda: queue_stats(app, "hold").total == 0, what="the queue drained")
+    os.kill(parent.pid, signal.SIGINT)
+    output = finish(parent)
+    assert parent.returncode == 0, output
+    ended = sorted(e["element"]["n"] for e in env.events() if e["event"] == "end")
+    assert ended[0] == 0 and ended[-1] == 2999 and len(set(ended)) == 3000
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def more_events(env: Env, than: int) -> bool:
+    return len(env.events()) > than
 
 
 def test_the_children_of_a_parent_killed_outright_stop_too(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Writers of one SQLite file take turns through an flock beside it: held by one process (or
 one connection), no other can take it; a forked child does not inherit its parent's turn; a
-killed holder frees it."""
+killed holder frees it; a Ctrl-Z stops a writer between its turns, never in one."""
 
 from __future__ import annotations
 
@@ -10,23 +10,18 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import pytest
 
+from crawlq import writelock
 from crawlq.writelock import WriteLock
 
+from .helpers import can_take
 
-def can_take(path: str) -> bool:
-    """Whether another open file of `path` gets the lock now (never waits)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+GUARD = 60.0  # seconds: only a failing test waits this long
 
 
 def test_a_held_turn_excludes_every_other_writer(tmp_path: Path) -> None:
@@ -136,3 +131,74 @@ def test_a_folder_that_takes_no_file_leaves_the_turn_to_sqlite(tmp_path: Path) -
     with lock.held():
         pass
     assert not (tmp_path / "missing").exists()
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc: "T" once stopped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + GUARD
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _hold_until_released(
+    path: str, said: multiprocessing.SimpleQueue[str], release: EventType
+) -> None:
+    writelock.stop_between_writes()  # as crawlq's commands do
+
+    def hold() -> None:
+        with WriteLock(path).held():
+            said.put("holding")
+            release.wait()
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    writer.join()
+    said.put("released")
+    while True:
+        signal.pause()
+
+
+def test_a_terminal_stop_waits_for_the_write_turn_to_end(tmp_path: Path) -> None:
+    """Ctrl-Z (SIGTSTP) in the middle of a write: the process stops once the turn is over,
+    so no other writer waits on a stopped one; continued, it goes on writing."""
+    context = multiprocessing.get_context("spawn")
+    said: multiprocessing.SimpleQueue[str] = context.SimpleQueue()
+    release = context.Event()
+    path = str(tmp_path / "q.db")
+    child = context.Process(target=_hold_until_released, args=(path, said, release))
+    child.start()
+    pid = child.pid or 0
+    try:
+        assert said.get() == "holding"
+        os.kill(pid, signal.SIGTSTP)
+        release.set()  # the write ends: only now may it stop
+        wait_until(lambda: process_state(pid) == "T", "the process to stop")
+        assert can_take(path + writelock.SUFFIX)
+        os.kill(pid, signal.SIGCONT)
+        assert said.get() == "released"
+
+        os.kill(pid, signal.SIGTSTP)  # holding no turn: it stops at once
+        wait_until(lambda: process_state(pid) == "T", "the process to stop again")
+        assert can_take(path + writelock.SUFFIX)
+        os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: process_state(pid) != "T", "the process to go on")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        child.join(30)
+
+
+def test_a_terminal_stop_handler_of_the_application_is_kept() -> None:
+    def own(_signum: int, _frame: object) -> None: ...
+
+    previous = signal.signal(signal.SIGTSTP, own)
+    try:
+        writelock.stop_between_writes()
+        assert signal.getsignal(signal.SIGTSTP) is own
+    finally:
+        signal.signal(signal.SIGTSTP, previous)

@@ -7,8 +7,10 @@ writers first take an exclusive flock on a file beside the database: the kernel 
 the next waiter the moment it is released, and BEGIN IMMEDIATE then finds the database free
 (other programs writing the same file still meet SQLite's busy handler, as before). A process
 that dies releases its flock with its files, so a crash leaves nothing to clean up. One that
-is stopped (Ctrl-Z, SIGSTOP) inside a write keeps it, and every other writer waits: after
-LONG_WAIT seconds each waiter logs which process holds the turn, and again each LONG_WAIT.
+is stopped inside a write keeps it, and every other writer waits: so crawlq's commands stop
+on Ctrl-Z (SIGTSTP) only once their write turns are over (`stop_between_writes`). SIGSTOP
+cannot wait: after LONG_WAIT seconds each waiter logs which process holds the turn, and
+again each LONG_WAIT.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -97,15 +100,19 @@ class WriteLock:
         if fd is None:
             yield
             return
+        _turns.enter()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with _waits.waiting(self.path, self._inode):
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                with _waits.waiting(self.path, self._inode):
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            _turns.leave()
 
     @contextlib.contextmanager
     def transaction(self, db: sqlite3.Connection) -> Iterator[None]:
@@ -187,13 +194,67 @@ def holder(inode: str) -> str:
     return "an unknown process"
 
 
+class _Turns:
+    """This process's write turns, taken or waited for, so that a terminal's stop (Ctrl-Z)
+    comes between them. The signal handler runs in the main thread, which may itself be in
+    `enter` or `leave` holding the lock: it then only marks the stop, which `leave` sees."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = 0
+        self._stop = False
+
+    def enter(self) -> None:
+        with self._lock:
+            self._held += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._held -= 1
+        if self._stop and not self._held:  # read again, outside: a stop marked meanwhile
+            self._stop_if_free(timeout=-1)
+
+    def stop_requested(self, _signum: int, _frame: object) -> None:
+        self._stop = True
+        self._stop_if_free(timeout=0.2)  # a thread's enter or leave takes microseconds
+
+    def _stop_if_free(self, *, timeout: float) -> None:
+        if not self._lock.acquire(timeout=timeout):
+            return  # this very thread holds it, inside enter or leave: `leave` stops
+        try:
+            stopping = self._stop and not self._held
+            if stopping:
+                self._stop = False
+        finally:
+            self._lock.release()
+        if stopping:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stop_between_writes() -> None:
+    """Ctrl-Z (SIGTSTP) stops this process once none of its threads holds or waits for a
+    write turn, so a stopped crawlq command never keeps every other writer waiting. Only
+    from the main thread, and only where SIGTSTP is not handled already (an application's
+    own handler stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTSTP) is signal.SIG_DFL:
+        signal.signal(signal.SIGTSTP, _terminal_stop)
+
+
+def _terminal_stop(signum: int, frame: object) -> None:
+    _turns.stop_requested(signum, frame)  # the module's: a forked child has its own
+
+
 _waits = _LongWaits()
+_turns = _Turns()
 
 
 def _forgotten_in_child() -> None:
-    """A forked child has none of its parent's threads, nor its waits."""
-    global _waits
+    """A forked child has none of its parent's threads, nor its waits or turns."""
+    global _waits, _turns
     _waits = _LongWaits()
+    _turns = _Turns()
 
 
 os.register_at_fork(after_in_child=_forgotten_in_child)

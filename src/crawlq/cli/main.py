@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 import click
 
+from .. import writelock
 from ..app import App
 from ..checks import seconds
 from ..errors import ConfigError
@@ -40,6 +41,7 @@ from .warc import warc
 @click.version_option(package_name="crawlq")
 def cli() -> None:
     """crawlq: a durable, polite queue for crawling, scraping and ETL jobs."""
+    writelock.stop_between_writes()
 
 
 @cli.command(short_help="Run the tasks of MODULE:APP, until stopped (or done: --burst).")

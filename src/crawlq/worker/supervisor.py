@@ -2,7 +2,9 @@
 
 Each child runs in a session of its own, outside the terminal's process group: a Ctrl-C
 reaches the parent alone, which forwards it, so each child gets it once (a graceful stop)
-and a second Ctrl-C is each child's second stop (hurry), never the first one doubled.
+and a second Ctrl-C is each child's second stop (hurry), never the first one doubled. A
+Ctrl-Z stops the children too (each between its write turns), and `fg` or `bg` continues
+them with the parent.
 
 A child that dies on its own (killed, out of memory) is started again unless the worker runs
 in burst mode or is stopping; its leased elements come back when their leases expire. A
@@ -51,8 +53,7 @@ class Children:
         sent = signal.SIGTERM if signum == signal.SIGHUP else signum
         self.stops.append(sent)
         self._stopped.set()
-        for child in self.running.values():
-            _send(child, sent)
+        self._send_all(sent)
 
     async def spawn(self, slot: int) -> asyncio.subprocess.Process | None:
         """Starts the child of `slot`; None once stopping. A stop signal that came while it
@@ -71,6 +72,16 @@ class Children:
             _send(child, signum)
         return child
 
+    def _suspend(self) -> None:
+        """Ctrl-Z: the children stop (once out of their write turns), then the parent; its
+        SIGCONT, from the shell's `fg` or `bg`, goes on to them."""
+        self._send_all(signal.SIGTSTP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _send_all(self, signum: int) -> None:
+        for child in self.running.values():
+            _send(child, signum)
+
     async def pause(self, seconds: float) -> None:
         """Waits `seconds`, or less if a stop signal comes."""
         with contextlib.suppress(TimeoutError):
@@ -83,10 +94,12 @@ class Children:
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self.forward, sig)
+        loop.add_signal_handler(signal.SIGTSTP, self._suspend)
+        loop.add_signal_handler(signal.SIGCONT, self._send_all, signal.SIGCONT)
         try:
             yield self
         finally:
-            for sig in STOP_SIGNALS:
+            for sig in (*STOP_SIGNALS, signal.SIGTSTP, signal.SIGCONT):
                 loop.remove_signal_handler(sig)
             for child in self.running.values():
                 if child.returncode is None:
