@@ -303,6 +303,9 @@ class Pipeline:
         if run and not force:
             await _refuse_busy_queues(backend, names)
         refs = self.inputs(stage, where)
+        # what these stages wrote for these inputs is the old code's: a key the new code emits
+        # from another input goes to that input, whichever of the two runs first
+        await asyncio.to_thread(self.results.mark_stale, names, refs)
         task = self.stage_named(stage).task
         for start in range(0, len(refs), SCHEDULE_CHUNK):
             chunk = refs[start : start + SCHEDULE_CHUNK]

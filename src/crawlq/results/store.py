@@ -10,13 +10,19 @@ A stage's output for one reference is *replaced* in one transaction: the rows it
 that reference last time are deleted, the new ones inserted, and the `_outputs` row (stage,
 ref) written. So running a stage twice over the same input leaves exactly the same rows. A
 key belongs to the (stage, ref) that wrote it: another one writing the same key fails
-(KeyConflict) rather than take it over. `forget` removes a (stage, ref) output and its rows
+(KeyConflict) rather than take it over, unless that output is *stale*: a reprocess marked it
+(`mark_stale`) to be written again by the stage's new code and it has not been yet. New code
+may emit a key from another input than the old code did; the stale output then gives the
+key up (its row goes to the new owner, in the new owner's transaction) instead of failing
+it, so a reprocess converges whatever order it runs the inputs in. A key two outputs of the
+new code emit still fails the second. `forget` removes a (stage, ref) output and its rows
 (the pipeline's, when a fetched URL now redirects: it is no input any more).
 
 Tables of the store itself:
 
     _outputs   (stage, ref) -> records written, when: what each stage has produced
     _types     (type, stage): which record types each stage writes
+    _stale     (stage, ref): outputs a reprocess will write again, until they are written
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _RESERVED = frozenset({"key", "_stage", "_ref", "_updated", KINDS})
 #: Records `rows` reads at a time.
 ROWS_PAGE = 1_000
+#: References `mark_stale` marks a transaction.
+STALE_CHUNK = 5_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS _outputs (
@@ -54,6 +62,11 @@ CREATE TABLE IF NOT EXISTS _types (
     stage TEXT NOT NULL,
     PRIMARY KEY (type, stage)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS _stale (
+    stage TEXT NOT NULL,
+    ref TEXT NOT NULL,
+    PRIMARY KEY (stage, ref)
+) WITHOUT ROWID;
 """
 
 
@@ -64,7 +77,8 @@ class InvalidRecord(ConfigError, Permanent):
 
 class KeyConflict(Permanent):
     """A record whose key another (stage, input) already wrote: keys identify records per
-    type across the whole store, so the second writer fails instead of taking it over."""
+    type across the whole store, so the second writer fails instead of taking it over (unless
+    that output is stale: see the module's docstring)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,7 +213,8 @@ class ResultsStore:
         """Makes `records` the whole output of `stage` for input `ref`, atomically.
 
         Raises InvalidRecord if two of `records` share a type and key, and KeyConflict (and
-        writes nothing) if a key is already held by a record another stage or input wrote."""
+        writes nothing) if a key is already held by a record another stage or input wrote,
+        unless that output is stale (`mark_stale`): its record is then this output's."""
         seen: set[tuple[str, str]] = set()
         cases: dict[tuple[str, ...], str] = {}
         for record in records:
@@ -255,6 +270,9 @@ class ResultsStore:
                     owner = db.execute(
                         f'SELECT _stage, _ref FROM "{record.type}" WHERE key = ?', (record.key,)
                     ).fetchone()
+                    if self._give_up(db, record, owner):
+                        db.execute(self._insert(record), values)
+                        continue
                     raise KeyConflict(
                         f"{record.type!r} record {record.key!r} from stage {stage!r}, input"
                         f" {ref!r}: that key is already written by stage {owner[0]!r}, input"
@@ -266,6 +284,48 @@ class ResultsStore:
                 " updated = excluded.updated",
                 (stage, ref, len(records), now),
             )
+            db.execute("DELETE FROM _stale WHERE stage = ? AND ref = ?", (stage, ref))
+
+    @staticmethod
+    def _give_up(db: sqlite3.Connection, record: Record, owner: tuple[str, str]) -> bool:
+        """Deletes the row holding `record`'s key if its output, `owner` (stage, ref), is
+        stale, and says whether it did (inside `_replace`'s transaction)."""
+        if not db.execute("SELECT 1 FROM _stale WHERE stage = ? AND ref = ?", owner).fetchone():
+            return False
+        db.execute(f'DELETE FROM "{record.type}" WHERE key = ?', (record.key,))
+        db.execute("UPDATE _outputs SET records = records - 1 WHERE stage = ? AND ref = ?", owner)
+        return True
+
+    def mark_stale(self, stages: Sequence[str], refs: Sequence[str]) -> int:
+        """Marks the outputs of `stages` for `refs` (those there are) as about to be written
+        again by new code, and returns how many: until one is written (or forgotten), a key
+        it holds goes to another output that emits it (a key the new code emits from another
+        input), instead of failing that one with KeyConflict. Written STALE_CHUNK references
+        a transaction, so other writers are not held off for long: mark before scheduling."""
+        marked = 0
+        for start in range(0, len(refs), STALE_CHUNK):
+            chunk = refs[start : start + STALE_CHUNK]
+            with self._lock:
+                db = self._db()
+                with self._write_lock.held(), immediate(db):
+                    before = db.total_changes
+                    db.executemany(
+                        "INSERT OR IGNORE INTO _stale (stage, ref) SELECT ?, ?"
+                        " WHERE EXISTS (SELECT 1 FROM _outputs WHERE stage = ? AND ref = ?)",
+                        ((stage, ref, stage, ref) for stage in stages for ref in chunk),
+                    )
+                    marked += db.total_changes - before
+        return marked
+
+    def stale(self, stage: str) -> list[str]:
+        """The references whose output of `stage` is marked stale (`mark_stale`), in order."""
+        with self._lock:
+            rows = (
+                self._db()
+                .execute("SELECT ref FROM _stale WHERE stage = ? ORDER BY ref", (stage,))
+                .fetchall()
+            )
+        return [row[0] for row in rows]
 
     def forget(self, stage: str, ref: str) -> None:
         """Removes what `stage` wrote for `ref`, its records and its output, as if it had never
@@ -275,6 +335,7 @@ class ResultsStore:
             with self._write_lock.held(), immediate(db):
                 self._delete(db, stage, ref, set())
                 db.execute("DELETE FROM _outputs WHERE stage = ? AND ref = ?", (stage, ref))
+                db.execute("DELETE FROM _stale WHERE stage = ? AND ref = ?", (stage, ref))
 
     @staticmethod
     def _delete(db: sqlite3.Connection, stage: str, ref: str, types: set[str]) -> None:
