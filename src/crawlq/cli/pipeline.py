@@ -34,8 +34,9 @@ def _pipeline(app_spec: str) -> Pipeline:
 @click.option(
     "--force",
     is_flag=True,
-    help="Run even though workers already serve these queues (they take part of the work,"
-    " with the code they loaded).",
+    help="Run even though workers or another reprocess already serve these queues (they take"
+    " part of the work, with the code they loaded). A reprocess killed on another machine"
+    " stops counting 30 s after its last heartbeat without it.",
 )
 def reprocess(
     app_spec: str, stage: str, where: tuple[str, ...], no_run: bool, concurrency: int, force: bool

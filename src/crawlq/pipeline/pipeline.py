@@ -18,7 +18,6 @@ import asyncio
 import dataclasses
 import fnmatch
 import functools
-import socket
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -32,13 +31,12 @@ from ..crawl.response import Response
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
 from ..errors import ConfigError, Permanent
-from ..liveness import pid_exists
 from ..results import Record, ResultsStore
 from ..results.store import as_records
 from ..retry import Retry
 from ..tasks import GroupOption, KeyFunction, Task, call_task_function
-from ..types import WorkerInfo
 from ..worker import Worker, WorkerStats
+from .registration import Heartbeat, Registration, busy
 from .writer import OutputWriter
 
 WARC = "crawlq.pipeline.warc"
@@ -69,9 +67,11 @@ class Pipeline:
     """`Pipeline(app, data="etl-data/")`: raw responses go to `data/warc/`, records to
     `data/results.sqlite`. Declare stages in order with `@pipeline.fetch` (the first) and
     `@pipeline.stage`; `@pipeline.finish` marks what runs once a run or a reprocess is
-    over (publishing a report)."""
+    over (publishing a report). A reprocess beats its registration as `heartbeat` says (see
+    registration.py): one killed, anywhere, stops refusing the next `dead_after` seconds
+    after its last beat."""
 
-    def __init__(self, app: App, *, data: Path | str) -> None:
+    def __init__(self, app: App, *, data: Path | str, heartbeat: Heartbeat | None = None) -> None:
         if app in _pipelines:
             raise ConfigError(f"{app!r} already has a pipeline")
         self.app = app
@@ -79,6 +79,7 @@ class Pipeline:
         self.data.mkdir(parents=True, exist_ok=True)  # the app's queue may live there too
         self.warc_dir = self.data / "warc"
         self.results = ResultsStore(self.data / "results.sqlite")
+        self.heartbeat = heartbeat or Heartbeat()
         self.stages: list[Stage] = []
         self._finish: Callable[[ResultsStore], Any] | None = None
         app.provide(WARC, lambda: WarcStore(self.warc_dir))
@@ -295,13 +296,37 @@ class Pipeline:
         later stages' until each input is done or dead (retries waited for; nothing else
         runs, so nothing is fetched), then runs the finish step unless an input died.
 
-        With `run`, workers already serving those queues are refused (ConfigError) unless
-        `force`: they would take part of the work with the code they loaded, old code
-        beside the new."""
+        With `run`, workers already serving those queues, another reprocess of them
+        included, are refused (ConfigError) unless `force`: they would take part of the work
+        with the code they loaded, old code beside the new. A reprocess registers itself
+        while it runs (registration.py); one killed counts no more at once on this machine,
+        `heartbeat.dead_after` seconds after its last beat on another."""
         names = tuple(s.name for s in self.after(stage))
         backend = await self.app.backend()
-        if run and not force:
-            await _refuse_busy_queues(backend, names)
+        if not run:
+            return await self._schedule(backend, stage, names, where)
+        # registered before looking for others: of two started at once, neither goes unseen
+        async with Registration(backend, names, heartbeat=self.heartbeat) as registration:
+            if not force:
+                await _refuse_busy_queues(backend, names, self.heartbeat, registration.id)
+            result = await self._schedule(backend, stage, names, where)
+            # Until every input is done or dead: a retry may be up to its cap away.
+            horizon = max(5.0, *(s.task.options.retry.cap for s in self.after(stage)))
+            stats = await Worker(
+                self.app,
+                queues=list(names),
+                burst=True,
+                burst_horizon=horizon,
+                concurrency=concurrency,
+                name=registration.worker_id,
+            ).run()
+        if stats.dead == 0:
+            self.run_finish()
+        return dataclasses.replace(result, worker=stats, finished=stats.dead == 0)
+
+    async def _schedule(
+        self, backend: Backend, stage: str, names: tuple[str, ...], where: Sequence[str]
+    ) -> ReprocessResult:
         refs = self.inputs(stage, where)
         # what these stages wrote for these inputs is the old code's: a key the new code emits
         # from another input goes to that input, whichever of the two runs first
@@ -310,35 +335,25 @@ class Pipeline:
         for start in range(0, len(refs), SCHEDULE_CHUNK):
             chunk = refs[start : start + SCHEDULE_CHUNK]
             await self.app.aschedule_many(task, chunk, revisit=True, backend=backend)
-        result = ReprocessResult(stage=stage, scheduled=len(refs), stages=names, worker=None)
-        if not run:
-            return result
-        # Until every input is done or dead: a retry may be up to its cap away.
-        horizon = max(5.0, *(s.task.options.retry.cap for s in self.after(stage)))
-        stats = await Worker(
-            self.app, queues=list(names), burst=True, burst_horizon=horizon, concurrency=concurrency
-        ).run()
-        if stats.dead == 0:
-            self.run_finish()
-        return dataclasses.replace(result, worker=stats, finished=stats.dead == 0)
+        return ReprocessResult(stage=stage, scheduled=len(refs), stages=names, worker=None)
 
     def run_finish(self) -> Any:
         return None if self._finish is None else self._finish(self.results)
 
 
-async def _refuse_busy_queues(backend: Backend, queues: Sequence[str]) -> None:
-    busy = [w for w in await backend.workers() if set(w.queues) & set(queues) and not _gone(w)]
-    if busy:
-        shown = ", ".join(f"pid {w.pid} on {w.host}" for w in busy[:5])
+async def _refuse_busy_queues(
+    backend: Backend, queues: Sequence[str], heartbeat: Heartbeat, own: str
+) -> None:
+    found = await busy(backend, queues, heartbeat=heartbeat, ignore=own)
+    if found:
         raise ConfigError(
-            f"{len(busy)} worker(s) serve queue(s) {', '.join(queues)} ({shown}): they would run"
-            " part of the reprocess with the code they loaded. Stop them first, leave the work"
-            " to them (--no-run), or run beside them anyway (--force)."
+            f"{len(found)} worker(s) serve queue(s) {', '.join(queues)} ({'; '.join(found[:5])}):"
+            " they would run part of the reprocess with the code they loaded. Stop them first,"
+            " leave the work to them (--no-run), or run beside them anyway (--force)."
+            + (
+                f" A reprocess that was killed, here or on another machine, counts no more"
+                f" {heartbeat.dead_after:g}s after its last heartbeat; --force runs at once."
+                if any(f.startswith("reprocess ") for f in found)
+                else ""
+            )
         )
-
-
-def _gone(worker: WorkerInfo) -> bool:
-    """Whether `worker` ran on this machine in a process that is no more (killed, its row
-    left in the queue until its heartbeat ages out): a reprocess run again after one was
-    killed is not refused because of itself."""
-    return worker.host == socket.gethostname() and not pid_exists(worker.pid)
