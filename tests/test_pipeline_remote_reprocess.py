@@ -102,7 +102,7 @@ async def test_a_reprocess_killed_on_another_machine_stops_refusing_after_dead_a
         (registration,) = [w for w in left if not w.id.endswith("/worker")]
         dead_after = pipeline.heartbeat.dead_after
         assert dead_after == 30
-        clock.t = registration.heartbeat + dead_after  # as old as a live one may be
+        clock.t = registration.heartbeat + dead_after - 0.001  # as old as a live one may be
         with pytest.raises(ConfigError) as refused:
             await pipeline.reprocess("parse")
         said = str(refused.value)
