@@ -26,6 +26,9 @@ from ..types import (
 )
 from ..wakeup import Listener
 
+#: A worker is gone when it missed this many seconds of heartbeats (every backend).
+WORKER_TTL = 120.0
+
 
 class Backend(Protocol):
     url: str

@@ -12,7 +12,7 @@ Rows: `reprocess:<host>:<pid>:<hex>` is a reprocess's registration, the same id 
 most `dead_after` seconds old by the backend's clock (Redis's own: machines' clocks need not
 agree); its worker's row lives and dies with it. A row of this machine whose process is no
 more is dead at once. Other workers count until the backend forgets them (WORKER_TTL without
-a heartbeat): how often they beat is theirs (a third of their shortest lease).
+a heartbeat): they beat three times within it, and within their shortest lease.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import cron
 from ..app import App
-from ..backends import Backend
+from ..backends import Backend, base
 from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
@@ -549,7 +549,9 @@ class Worker:
         return [], [], [*failures, *failed]
 
     async def _heartbeats(self, backend: Backend, info: WorkerInfo) -> None:
-        interval = max(0.05, min(self.leases.values()) / 3)
+        # three beats a lease, and a worker of hour-long leases still beats three times
+        # within the silence after which the backend forgets it
+        interval = max(0.05, min(*self.leases.values(), base.WORKER_TTL) / 3)
         loop = asyncio.get_running_loop()
         registered = backend.epoch
         replant_at = loop.time() + cron.REPLANT_EVERY

@@ -48,6 +48,7 @@ from ...types import (
     lease_of,
 )
 from ...wakeup import Listener
+from ..base import WORKER_TTL
 from ..batch import (
     check_block_until,
     check_failures,
@@ -66,8 +67,6 @@ from .restarts import RestartWatch
 DEFAULT_NAMESPACE = "crawlq"
 #: The "seen" digests are spread over this many sets, so each stays a compact intset.
 SEEN_BUCKETS = 1 << 18
-#: A worker is gone when it missed this many seconds of heartbeats.
-WORKER_TTL = 120.0
 SCHEMA_VERSION = "7"
 #: Elements one call takes at most (a schedule, a claim, dead letters requeued): Redis serves
 #: nobody else while a function runs, ~40 us an element here, and a 200,000-element

@@ -37,6 +37,7 @@ from ...types import (
     WorkerInfo,
     lease_of,
 )
+from ..base import WORKER_TTL
 from ..batch import merge
 from ..views import dead_element, live_element
 from .globs import sqlite_glob
@@ -44,8 +45,6 @@ from .store import Store
 
 DELAYED, READY, RUNNING, DEAD = 0, 1, 2, 3
 NO_GROUP_ID = 0
-#: A worker is gone when it missed this many seconds of heartbeats.
-WORKER_TTL = 120.0
 #: The schema that moved Crawl-delays out of the rules: a database migrated from before it has
 #: its groups' stored limits resolved again.
 MIGRATED_DELAYS = 9
