@@ -414,6 +414,29 @@ async def test_a_url_a_redirect_led_to_is_fetched_once_and_takes_nothing_of_the_
     assert (crawl.stats.pages, crawl.budget.used()) == (4, 4)
 
 
+async def test_a_page_with_a_link_too_long_to_queue_is_crawled_with_its_other_links(
+    tmp_path: Path,
+) -> None:
+    """A link of 70,000 characters, as a page's junk or a hostile page writes, made the page
+    fail (its element too large for the queue) until it was dead, none of its links
+    followed. It is no link: the page and its other links are crawled."""
+    long_link = "/a" + "x" * 70_000
+    site = Site(
+        name="a.test",
+        routes={
+            "/": respond(200, page_html("home", ["/ok", long_link, "/ok2"])),
+            "/ok": respond(200, page_html("ok", [])),
+            "/ok2": respond(200, page_html("ok2", [])),
+        },
+    )
+    async with SyntheticWeb([site]) as net:
+        stats = await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test", "/")])
+    records = records_by_url(tmp_path)
+    assert sorted(records) == [net.url("a.test", p) for p in ("/", "/ok", "/ok2")]
+    assert [(r["status"], r["links"]) for r in records[net.url("a.test", "/")]] == [(200, 2)]
+    assert stats.dead == 0
+
+
 async def test_a_url_a_redirect_led_to_is_free_for_another_process_of_the_crawl(
     tmp_path: Path,
 ) -> None:

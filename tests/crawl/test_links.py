@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import urljoin
 
 from crawlq.crawl.links import extract
-from crawlq.crawl.urls import canonicalize
+from crawlq.crawl.urls import MAX_URL_LENGTH, canonicalize
 
 PAGE = "http://site.test/dir/page"
 
@@ -80,3 +80,20 @@ def test_a_link_remembered_from_another_page_resolves_against_this_one() -> None
 
 def _parsed(base: str, href: str) -> str | None:
     return canonicalize(urljoin(base, href))
+
+
+def test_a_link_longer_than_a_server_takes_is_no_link() -> None:
+    """A page's junk or hostile link of 70,000 characters would be an element too large for
+    the queue, failing the page that found it: no link at all, as for a mailto: one."""
+    long_path = "/" + "x" * MAX_URL_LENGTH
+    longest = "/" + "x" * (MAX_URL_LENGTH - len("https://a.test/"))
+    html = (
+        f'<a href="/ok">ok</a><a href="{long_path}">long</a>'
+        f'<a href="https://a.test{long_path}">absolute</a><a href="x{long_path}">relative</a>'
+        f'<a href="?{"q" * 70_000}">query</a><a href="{longest}">longest</a>'
+    )
+    page = extract(html, "https://a.test/dir/page")
+    assert page.links == ["https://a.test/ok", "https://a.test" + longest]
+    assert len(page.links[1]) == MAX_URL_LENGTH
+    assert canonicalize("https://a.test" + long_path) is None
+    assert canonicalize("https://a.test/" + "%41" * MAX_URL_LENGTH) is None

@@ -224,13 +224,14 @@ def crawl(
     from ..crawl.crawler import Crawl, CrawlSettings
     from ..crawl.scope import Scope
     from ..crawl.settings import DEFAULT_USER_AGENT, FetchSettings, Timeouts
-    from ..crawl.urls import canonicalize
+    from ..crawl.urls import MAX_URL_LENGTH, canonicalize
     from ..grouping import registered_domain, url_host
 
     for seed in seeds:  # before anything is made in OUT
         if canonicalize(seed) is None:
             raise click.BadParameter(
-                f"{seed!r} is not an absolute http or https URL (such as https://example.org/)",
+                f"{seed[:200]!r} is not an absolute http or https URL (such as"
+                f" https://example.org/) of at most {MAX_URL_LENGTH} characters",
                 param_hint="SEED",
             )
     setup_logging(log_level)

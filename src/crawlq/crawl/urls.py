@@ -2,7 +2,8 @@
 
 Lower-case scheme and host, IDNA host, no default port, no fragment, dot segments resolved,
 percent-escapes normalized (unreserved characters decoded, the rest upper-case), an empty
-path made "/". The query keeps its order: servers may care about it.
+path made "/". The query keeps its order: servers may care about it. A URL longer than
+MAX_URL_LENGTH once canonical is none a crawler follows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ import re
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+#: Characters of the longest URL followed: what common servers and CDNs take in a request
+#: line (8 KB). A page's junk or hostile link beyond it would be an element of its own too
+#: large for the queue, and fail the page that found it.
+MAX_URL_LENGTH = 8192
+#: Characters of input read at most: percent-escaping can make a URL three times longer.
+_MAX_INPUT = 3 * MAX_URL_LENGTH
 _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
@@ -44,7 +51,10 @@ def _remove_dot_segments(path: str) -> str:
 
 
 def canonicalize(url: str) -> str | None:
-    """The canonical form of an absolute http(s) URL; None if it is not one."""
+    """The canonical form of an absolute http(s) URL; None if it is not one, or longer than
+    MAX_URL_LENGTH."""
+    if len(url) > _MAX_INPUT:
+        return None
     try:
         parts = urlsplit(url.strip())
         port = parts.port
@@ -66,7 +76,8 @@ def canonicalize(url: str) -> str | None:
         netloc = f"{user}:{parts.password}@{netloc}" if parts.password else f"{user}@{netloc}"
     path = _remove_dot_segments(_normalize_escapes(parts.path, _PATH_SAFE)) or "/"
     query = _normalize_escapes(parts.query, _QUERY_SAFE)
-    return urlunsplit((scheme, netloc, path, query, ""))
+    canonical = urlunsplit((scheme, netloc, path, query, ""))
+    return canonical if len(canonical) <= MAX_URL_LENGTH else None
 
 
 # Each pattern below matches in time linear in its input: every repetition is delimited by
@@ -103,6 +114,8 @@ def _plain_port(plain: re.Match[str]) -> bool:
 
 def is_canonical(url: str) -> bool:
     """Whether `canonicalize(url) == url`; the plain URL of a crawl is told without parsing."""
+    if len(url) > MAX_URL_LENGTH:
+        return False
     plain = _PLAIN_URL.fullmatch(url)
     if plain is not None and _plain_port(plain):
         return True
@@ -121,10 +134,17 @@ def origin_of(canonical: str) -> str | None:
 
 
 def absolute(base: str, href: str, *, base_origin: str | None = None) -> str | None:
-    """`href` found on page `base`, resolved and canonical; None for non-http(s) links.
-    `base_origin` (`origin_of(base)`, when `base` is canonical) lets the usual plain links
-    skip parsing: a page holds dozens to hundreds, and parsing each cost more than the
-    page's HTML parse."""
+    """`href` found on page `base`, resolved and canonical; None for non-http(s) links and
+    those longer than MAX_URL_LENGTH. `base_origin` (`origin_of(base)`, when `base` is
+    canonical) lets the usual plain links skip parsing: a page holds dozens to hundreds,
+    and parsing each cost more than the page's HTML parse."""
+    if len(href) > _MAX_INPUT:
+        return None
+    link = _absolute(base, href, base_origin)
+    return link if link is None or len(link) <= MAX_URL_LENGTH else None
+
+
+def _absolute(base: str, href: str, base_origin: str | None) -> str | None:
     href = href.strip()
     if not href or href.startswith("#"):
         return None
