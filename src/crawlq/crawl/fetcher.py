@@ -71,6 +71,8 @@ class SendSlot(Protocol):
 #: slot the hop confirms right before writing.
 Pacer = Callable[[str], Awaitable[SendSlot | None]]
 LoginHook = Callable[["Session"], Awaitable[None]]
+#: Whether a hop may go with the crawl's credentials (`Fetcher.fetch`'s `credentials`).
+CredentialCheck = Callable[[str], bool]
 ExpiredTest = Callable[[Response], bool]
 
 READ_CHUNK = 64 * 1024
@@ -250,6 +252,7 @@ class Fetcher:
         self.settings = settings or FetchSettings()
         self._logins: dict[str, Login] = {}
         self._sessions: dict[str, Session] = {}
+        self._anonymous: Session | None = None  # `credentials` refused: no cookies, no login
         self._connector: aiohttp.TCPConnector | None = None
         self._resolver: GuardedResolver | None = None  # the connector's: proxies pass
         self._targets: GuardedResolver | None = None  # checks where proxied requests go
@@ -281,6 +284,9 @@ class Fetcher:
 
     async def aclose(self) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
+        if self._anonymous is not None:
+            sessions.append(self._anonymous)
+            self._anonymous = None
         for session in sessions:
             await session.client.close()
         if self._connector is not None:
@@ -362,29 +368,39 @@ class Fetcher:
             domain = max((d for d in self._logins if _in_domain(host, d)), key=len, default="")
         session = self._sessions.get(domain)
         if session is None:
-            timeouts = self.settings.timeouts
-            client = aiohttp.ClientSession(
-                connector=self._connector_now(),
-                connector_owner=False,
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(
-                    total=timeouts.total, sock_connect=timeouts.connect, sock_read=timeouts.read
-                ),
-                max_line_size=MAX_LINE,
-                max_field_size=MAX_LINE,
-                max_headers=MAX_HEADERS,
-                headers={
-                    "User-Agent": self.settings.user_agent,
-                    "Accept-Encoding": ACCEPT_ENCODING,
-                },
-                # unsafe: cookies of hosts named by address too (an intranet's, a
-                # login's); each still goes only to the address that set it.
-                cookie_jar=CookieJar(unsafe=True),
-                request_class=self._request_class,
-            )
+            # unsafe: cookies of hosts named by address too (an intranet's, a login's);
+            # each still goes only to the address that set it.
+            client = self._client(CookieJar(unsafe=True))
             session = Session(self, client, self._logins.get(domain), domain)
             self._sessions[domain] = session
         return session
+
+    def anonymous(self) -> Session:
+        """The session of the hops that go without credentials (`fetch`'s `credentials`):
+        it keeps and sends no cookie, and has no login."""
+        if self._anonymous is None:
+            self._anonymous = Session(self, self._client(aiohttp.DummyCookieJar()), None, "")
+        return self._anonymous
+
+    def _client(self, jar: aiohttp.abc.AbstractCookieJar) -> aiohttp.ClientSession:
+        timeouts = self.settings.timeouts
+        return aiohttp.ClientSession(
+            connector=self._connector_now(),
+            connector_owner=False,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(
+                total=timeouts.total, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+            headers={
+                "User-Agent": self.settings.user_agent,
+                "Accept-Encoding": ACCEPT_ENCODING,
+            },
+            cookie_jar=jar,
+            request_class=self._request_class,
+        )
 
     def last_sent(self, host: str) -> float | None:
         """When (epoch seconds) this fetcher last sent a request to `host`, robots.txt
@@ -473,13 +489,17 @@ class Fetcher:
         check: HopCheck | None = None,
         robots: bool | None = None,
         pace: Pacer | None = None,
+        credentials: CredentialCheck | None = None,
     ) -> Response:
         """Fetches `url`, following redirects: `check` then robots.txt approve each hop
         first, and `pace` runs right before each hop is sent (after any robots.txt request
         it caused; the slot it returns is confirmed right before the hop's bytes are
-        written). Raises FetchError with a Reason; a response of any status is returned."""
+        written). `credentials`: which hops may go with the crawl's credentials (see
+        `request`); None: every hop, as the sessions have them. Raises FetchError with a
+        Reason; a response of any status is returned."""
         self._clear_dns_cache_now_and_then()
-        session = self.session(url)
+        credited = credentials is None or credentials(url)
+        session = self.session(url) if credited else self.anonymous()
         if session.login is not None:
             await _login_for(url, session.ensure_login(None))
         generations = self._login_generations()
@@ -493,9 +513,10 @@ class Fetcher:
             check=check,
             robots=robots,
             pace=pace,
+            credentials=credentials,
         )
         response = await send()
-        expired = self._expired_session(url, response)
+        expired = self._expired_session(url, response, credentials)
         if expired is not None and expired.login is not None:
             seen = generations.get(expired.domain, expired.generation)
             await _login_for(url, expired.ensure_login(seen))
@@ -516,16 +537,20 @@ class Fetcher:
             return {}
         return {domain: s.generation for domain, s in self._sessions.items() if s.login}
 
-    def _expired_session(self, url: str, response: Response) -> Session | None:
+    def _expired_session(
+        self, url: str, response: Response, credentials: CredentialCheck | None
+    ) -> Session | None:
         """The session of the first of `response`'s hops whose login says its answer (with
         the redirects before it) came back logged out; None while such answers to `url` are
         taken as they are (FUTILE_LOGIN_QUIET). Each session is judged by its own hop: the
         whole chain would have a.test's session, first on a.test/go -> b.test/members, log
-        in again for b.test's login page."""
+        in again for b.test's login page. Hops that went without credentials have none."""
         if not self._logins:
             return None
         now = time.monotonic()
         for answer in response.chain:  # each hop's answer holds the hops before it
+            if credentials is not None and not credentials(answer.url):
+                return None  # this hop and those after it went without credentials
             session = self.session(answer.url)
             login = session.login
             if login is not None and login.expired(answer):
@@ -545,11 +570,16 @@ class Fetcher:
         follow: bool = True,
         pace: Pacer | None = None,
         keep: int | None = None,
+        credentials: CredentialCheck | None = None,
     ) -> Response:
         """One request through `session` and its redirects; no login handling. The total
         timeout bounds the time spent sending and receiving all the hops together. `keep`:
         a body's first `keep` bytes are read and the rest left unread, where it would be
-        TOO_LARGE over max_bytes."""
+        TOO_LARGE over max_bytes. `credentials`: the hops go with the crawl's credentials
+        (cookies, a login's, the caller's credential headers) until the first one it
+        refuses; that hop and every later one go through the anonymous session, without
+        any, and keep no cookie (as a browser's cross-site request with SameSite=Strict
+        cookies)."""
         use_robots = self.settings.robots if robots is None else robots
         history: list[Response] = []
         # A URL asked again is a loop, unless an answer since it was asked set a cookie (a
@@ -559,6 +589,7 @@ class Fetcher:
         current = url
         first = _parsed(url)
         trusted = True  # once a hop is not, no later one is (as aiohttp and browsers do)
+        credited = True  # likewise for `credentials`
         total = self.settings.timeouts.total
         while True:
             spent = sum(hop.elapsed for hop in history)
@@ -566,9 +597,15 @@ class Fetcher:
                 if check is not None:
                     await check(current)
                 parsed = _parsed(current)
-                trusted = trusted and _trusted(session, first, parsed)
+                credited = credited and (credentials is None or credentials(current))
+                trusted = trusted and credited and _trusted(session, first, parsed)
                 # A hop into another login domain goes with that domain's session, signed in.
-                hop_session = session if not (history and self._logins) else self.session(current)
+                if not credited:
+                    hop_session = self.anonymous()
+                elif history and self._logins:
+                    hop_session = self.session(current)
+                else:
+                    hop_session = session
                 if hop_session is not session and hop_session.login is not None:
                     await _login_for(current, hop_session.ensure_login(None))
                 await self._check_address(current, parsed)
@@ -588,7 +625,10 @@ class Fetcher:
                 budget = total - spent
                 # The caller's credentials go where `trusted` says; a session's own (a login
                 # hook's token) to its domain, or as the caller's when it is the same session.
-                own = trusted if hop_session is session else _trusted(hop_session, first, parsed)
+                if hop_session is session:
+                    own = trusted
+                else:
+                    own = credited and _trusted(hop_session, first, parsed)
                 hop_headers = headers if trusted else _without(headers, credential)
                 untrusted = self._untrusted.set(not own)
                 try:
