@@ -100,8 +100,12 @@ async def render_in_a_task(
 def direct(fetcher: Fetcher) -> ResourceFetch:
     """A page's requests fetched by `fetcher` alone, for `Browser.render` in a test."""
 
-    async def fetch(url: str, method: str, headers: Any, data: bytes | None) -> Response:
-        return await fetcher.fetch(url, method=method, headers=headers, data=data)
+    async def fetch(
+        url: str, method: str, headers: Any, data: bytes | None, credentials: Any
+    ) -> Response:
+        return await fetcher.fetch(
+            url, method=method, headers=headers, data=data, credentials=credentials
+        )
 
     return fetch
 

@@ -18,6 +18,10 @@ streams, and images, media and fonts unless `media` allows them, are aborted. As
 wall, Chromium runs with a proxy that leads nowhere, a resolver that resolves nothing and
 WebRTC sending no UDP of its own: a request the interception missed fails rather than leaves.
 
+The crawl's credentials (its sessions' cookies, logins, credential headers) go only with the
+page's requests to its own site, as a browser sends SameSite=Strict cookies: a page's script
+never gets another site's logged-in pages fetched for it.
+
 Failures are data: no Chromium -> FetchError(BROWSER_UNAVAILABLE); Chromium crashed or
 broke off -> FetchError(BROWSER_FAILED), retried, with a new Chromium; a render slower than
 `timeout` -> FetchError(TIMEOUT). A request crawlq refused or could not fetch is aborted (the
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, CrawlqError
-from ..grouping import url_host
+from ..grouping import registered_domain, url_host
 from .errors import FetchError, Reason, Throttled
 from .redact import redact_url
 from .response import Response
@@ -50,7 +54,7 @@ if TYPE_CHECKING:
     from playwright.async_api import Browser as Chromium
     from playwright.async_api import Page, Playwright, Route, WebSocketRoute
 
-    from .fetcher import Fetcher
+    from .fetcher import CredentialCheck, Fetcher
     from .politeness import Politeness
 
 log = logging.getLogger("crawlq.crawl")
@@ -106,6 +110,8 @@ _LAUNCH_ARGS = (
 _REFUSALS = frozenset(
     {Reason.OUT_OF_SCOPE, Reason.ROBOTS_DISALLOWED, Reason.BLOCKED, Reason.THROTTLED}
 )
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Seconds a Chromium that failed a render has to open a context to be deemed alive.
 PROBE_TIMEOUT = 10.0
@@ -176,8 +182,12 @@ class Rendered:
         return tuple(r for r in self.resources if r.error is not None)
 
 
-#: Fetches one request of a page for the browser: (url, method, headers, body) -> answer.
-ResourceFetch = Callable[[str, str, Mapping[str, str], bytes | None], Awaitable[Response]]
+#: Fetches one request of a page for the browser: (url, method, headers, body, credentials)
+#: -> answer, where `credentials` says which of its hops may go with the crawl's credentials
+#: (cookies, logins, credential headers): `Fetcher.fetch`'s `credentials`, to pass on.
+ResourceFetch = Callable[
+    [str, str, Mapping[str, str], bytes | None, Callable[[str], bool]], Awaitable[Response]
+]
 
 
 def polite_fetch(
@@ -199,7 +209,11 @@ def polite_fetch(
     from .politeness import MAX_PACING_WAIT
 
     async def fetch(
-        url: str, method: str, headers: Mapping[str, str], data: bytes | None
+        url: str,
+        method: str,
+        headers: Mapping[str, str],
+        data: bytes | None,
+        credentials: CredentialCheck,
     ) -> Response:
         host = _host(url)
         last = fetcher.last_sent(host)
@@ -208,7 +222,14 @@ def polite_fetch(
             if turn > time.time():
                 await asyncio.sleep(turn - time.time())
         return await politeness.fetch(
-            fetcher, url, scope=scope, method=method, headers=headers, data=data, robots=robots
+            fetcher,
+            url,
+            scope=scope,
+            method=method,
+            headers=headers,
+            data=data,
+            robots=robots,
+            credentials=credentials,
         )
 
     return fetch
@@ -493,6 +514,7 @@ class _Render:
         self.document = document
         self.fetch = fetch
         self.host = _host(document.url)
+        self.site = _site(document.url)
         self.resources: list[Resource] = []
         self._served = False  # the document was handed to Chromium
         self._requests = 0  # the page's requests so far, answered or not yet
@@ -616,15 +638,51 @@ class _Render:
         """crawlq's answer to one request, fetched one at a time per host. crawlq follows
         the redirects itself (each hop checked as a page's are) and Chromium gets where they
         led: it would send the request a redirect answer leads to itself, past the
-        interception (to the proxy that leads nowhere)."""
+        interception (to the proxy that leads nowhere).
+
+        The crawl's credentials go only to the page's own site (`_credentials`)."""
         host = _host(url)
         sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        credentials = self._credentials(url)
         async with self._own if host == self.host else self.browser.host_lock(host):
-            return await self.fetch(url, method, sent, data)
+            return await self.fetch(url, method, sent, data, credentials)
+
+    def _credentials(self, url: str) -> Callable[[str], bool]:
+        """Which hops of a request to `url` go with the crawl's credentials (its cookies,
+        logins and credential headers): those to the page's own site (scheme and registered
+        domain), as a browser sends SameSite=Strict cookies, and only while they stay on
+        `url`'s origin: Chromium takes the answer a redirect led to as `url`'s own, so
+        another origin's would be read as if it were `url`'s."""
+        site, origin = self.site, _origin(url)
+
+        def credited(hop: str) -> bool:
+            return _site(hop) == site and _origin(hop) == origin
+
+        return credited
 
 
 class _Skipped(Exception):
     """A request of the page not fetched by choice."""
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] of `url`, as a browser writes it in an Origin header."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = _host(url)
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    shown = port is not None and port != _DEFAULT_PORTS.get(scheme)
+    return f"{scheme}://{host}:{port}" if shown else f"{scheme}://{host}"
+
+
+def _site(url: str) -> str:
+    """scheme://registered-domain of `url`: what a browser takes as its site."""
+    return f"{urlsplit(url).scheme.lower()}://{registered_domain(_host(url))}"
 
 
 async def _fulfill(route: Route, response: Response, spent: frozenset[str]) -> None:
