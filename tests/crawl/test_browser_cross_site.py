@@ -1,7 +1,9 @@
 """A rendered page reading other sites through crawlq, against the synthetic web in Debian's
 headless Chromium: a page's requests to another site go without the crawl's cookies and
-logins, while the page's own site keeps its session and other sites' scripts and images
-still load."""
+logins, and its scripts read another origin's answer only if that origin's server allows
+it (CORS judged by crawlq on the server's real answer, its preflight included, never
+answered by Playwright), while the page's own site keeps its session and other sites'
+scripts and images still load."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from aiohttp import web
 from crawlq import Context, Retry
 from crawlq.app import App
 from crawlq.crawl.browser import DEFAULT_CHROMIUM, Browser, BrowserSettings, Rendered
-from crawlq.crawl.fetcher import Fetcher, Login
+from crawlq.crawl.fetcher import Fetcher, Login, Session
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect, respond
 from crawlq.crawl.testing.sites import Hit, page_html
 from crawlq.worker import Worker
@@ -48,6 +51,8 @@ function done() {
   document.body.append(p);
 }
 """
+SECRET = "SECRET-OF-B"
+SET_SESSION = "sid=secret-b; Path=/; HttpOnly; SameSite=Strict"
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +65,18 @@ def chromium() -> None:
 
 def script_page(script: str) -> Any:
     return respond(body=page_html("reader", [], f"<script>{READ}{script}</script>"))
+
+
+def account(cors: Callable[[web.Request], dict[str, str]] | None = None) -> Any:
+    """B's account page: its secret to a request with B's session cookie, else a page for
+    anyone; with the headers `cors(request)` gives."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        text = SECRET if request.cookies.get("sid") == "secret-b" else "anonymous"
+        headers = cors(request) if cors is not None else {}
+        return web.Response(text=text, content_type="text/plain", headers=headers)
+
+    return handler
 
 
 def allow(origin: str, *, credentials: bool = False) -> dict[str, str]:
@@ -118,6 +135,81 @@ async def render(
     await app.aclose()
     assert stats.done == 1, stats
     return rendered[0]
+
+
+async def test_a_page_cannot_read_another_sites_pages_the_crawl_is_logged_in_to(
+    tmp_path: Path,
+) -> None:
+    """The crawl is signed in to b.test by its login hook (a SameSite=Strict, HttpOnly
+    cookie) and has read B's account page; a.test's page then fetches that page with
+    credentials: 'include'. The request reaches B without the cookie (nor a new login), and
+    B's answer, which allows no other origin, fails in the page as a browser fails it."""
+    sites = [
+        Site(name="a.test"),
+        Site(
+            name="b.test",
+            routes={"/login": respond(headers={"Set-Cookie": SET_SESSION}), "/account": account()},
+        ),
+    ]
+    async with SyntheticWeb(sites) as net:
+        target = net.url("b.test", "/account")
+
+        async def sign_in(session: Session) -> None:
+            await session.post(net.url("b.test", "/login"))
+
+        script = f"read('b', {json.dumps(target)}, {{credentials: 'include'}}).then(done);"
+        net.sites["a.test"].routes["/"] = script_page(script)
+        rendered = await render(
+            tmp_path,
+            net,
+            net.url("a.test", "/"),
+            first=(target,),
+            logins={"b.test": Login(perform=sign_in)},
+        )
+    assert read(rendered.html, "b") == "failed"
+    assert SECRET not in (rendered.html or "")
+    by_crawl, by_page = hits(net, "b.test", "/account")
+    assert by_crawl.cookies == {"sid": "secret-b"}  # the crawl itself was signed in
+    assert by_page.cookies == {} and header(by_page, "Cookie") is None
+    assert header(by_page, "Origin") == net.url("a.test", "")
+    assert len(hits(net, "b.test", "/login")) == 1  # the page's request signed nobody in
+    (refused,) = [r for r in rendered.resources if r.url == target]
+    assert refused.error == "cors", refused
+
+
+async def test_another_origin_is_read_only_if_it_allows_the_pages_origin_and_never_logged_in(
+    tmp_path: Path,
+) -> None:
+    """B's session cookie is in the crawl's jar. B's /account allows a.test's origin, with
+    credentials: the page reads it, but as anyone reads it (the cookie never went). B's
+    /public allows no origin: the page cannot read it, though no credentials are involved
+    (Playwright would have answered the CORS check itself, allowing it)."""
+    sites = [
+        Site(name="a.test"),
+        Site(
+            name="b.test",
+            routes={
+                "/": respond(body="home", headers={"Set-Cookie": SET_SESSION}),
+                "/public": respond(body="public", content_type="text/plain"),
+            },
+        ),
+    ]
+    async with SyntheticWeb(sites) as net:
+        origin = net.url("a.test", "")
+        net.sites["b.test"].routes["/account"] = account(lambda _: allow(origin, credentials=True))
+        allowed, public = net.url("b.test", "/account"), net.url("b.test", "/public")
+        script = (
+            f"read('allowed', {json.dumps(allowed)}, {{credentials: 'include'}})"
+            f".then(() => read('public', {json.dumps(public)})).then(done);"
+        )
+        net.sites["a.test"].routes["/"] = script_page(script)
+        rendered = await render(
+            tmp_path, net, net.url("a.test", "/"), first=(net.url("b.test", "/"),)
+        )
+    assert read(rendered.html, "allowed") == "read:anonymous"
+    assert read(rendered.html, "public") == "failed"
+    (by_page,) = hits(net, "b.test", "/account")
+    assert by_page.cookies == {} and header(by_page, "Cookie") is None
 
 
 def echo_session(origin: str) -> Any:
@@ -191,6 +283,57 @@ async def test_a_redirect_to_another_origin_of_the_site_goes_on_without_the_sess
     assert read(rendered.html, "go") == "read:sid=none"
     (hop,) = hits(net, "api.example.com", "/data")
     assert hop.cookies == {}
+
+
+def preflighted(origin: str | None) -> Any:
+    """A PUT endpoint whose preflight allows `origin` (None: refuses every origin)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.method == "OPTIONS":
+            if origin is None:
+                return web.Response(status=405)
+            headers = allow(origin)
+            headers["Access-Control-Allow-Methods"] = "PUT"
+            headers["Access-Control-Allow-Headers"] = "X-Widget"
+            return web.Response(status=204, headers=headers)
+        headers = allow(origin) if origin is not None else {}
+        return web.Response(text="changed", content_type="text/plain", headers=headers)
+
+    return handler
+
+
+async def test_a_request_that_needs_a_preflight_is_sent_only_if_the_real_preflight_allows_it(
+    tmp_path: Path,
+) -> None:
+    """The page PUTs, with a header of its own, to two endpoints of b.test: crawlq sends the
+    preflight itself (Playwright answers Chromium's, allowing everything), without
+    credentials, as the PUT goes too (b.test is another site). /refused's preflight allows
+    nothing: its PUT is never sent. /allowed's allows a.test: its PUT is sent and read."""
+    sites = [Site(name="a.test"), Site(name="b.test", routes={"/": with_session("b")})]
+    async with SyntheticWeb(sites) as net:
+        origin = net.url("a.test", "")
+        net.sites["b.test"].routes["/refused"] = preflighted(None)
+        net.sites["b.test"].routes["/allowed"] = preflighted(origin)
+        init = "{method: 'PUT', headers: {'X-Widget': 'w'}}"
+        refused, allowed = net.url("b.test", "/refused"), net.url("b.test", "/allowed")
+        script = (
+            f"read('refused', {json.dumps(refused)}, {init})"
+            f".then(() => read('allowed', {json.dumps(allowed)}, {init})).then(done);"
+        )
+        net.sites["a.test"].routes["/"] = script_page(script)
+        rendered = await render(
+            tmp_path, net, net.url("a.test", "/"), first=(net.url("b.test", "/"),)
+        )
+    assert read(rendered.html, "refused") == "failed"
+    assert read(rendered.html, "allowed") == "read:changed"
+    assert [h.method for h in hits(net, "b.test", "/refused")] == ["OPTIONS"]
+    preflight, put = hits(net, "b.test", "/allowed")
+    assert (preflight.method, put.method) == ("OPTIONS", "PUT")
+    assert header(preflight, "Origin") == origin
+    assert header(preflight, "Access-Control-Request-Method") == "PUT"
+    assert header(preflight, "Access-Control-Request-Headers") == "x-widget"
+    assert preflight.cookies == {} and put.cookies == {}
+    assert header(put, "X-Widget") == "w"
 
 
 def png() -> bytes:

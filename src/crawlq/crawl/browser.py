@@ -20,7 +20,10 @@ WebRTC sending no UDP of its own: a request the interception missed fails rather
 
 The crawl's credentials (its sessions' cookies, logins, credential headers) go only with the
 page's requests to its own site, as a browser sends SameSite=Strict cookies: a page's script
-never gets another site's logged-in pages fetched for it.
+never gets another site's logged-in pages fetched for it. And crawlq, not Playwright, judges
+CORS: a script reads another origin's answer only if that origin's server allows it (in the
+answer's real Access-Control-Allow-* headers, after a real preflight where a browser sends
+one); otherwise the request fails in the page as a browser fails it.
 
 Failures are data: no Chromium -> FetchError(BROWSER_UNAVAILABLE); Chromium crashed or
 broke off -> FetchError(BROWSER_FAILED), retried, with a new Chromium; a render slower than
@@ -111,6 +114,30 @@ _REFUSALS = frozenset(
     {Reason.OUT_OF_SCOPE, Reason.ROBOTS_DISALLOWED, Reason.BLOCKED, Reason.THROTTLED}
 )
 
+#: CORS (the Fetch standard): what a script may send another origin without a preflight.
+_SIMPLE_METHODS = frozenset({"GET", "HEAD", "POST"})
+_SIMPLE_HEADERS = frozenset({"accept", "accept-language", "content-language", "content-type"})
+_SIMPLE_CONTENT_TYPES = frozenset(
+    {"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"}
+)
+#: Headers of a request that Chromium sets, not a script (the Fetch standard's forbidden
+#: names, and those Chromium adds): none of them makes a request need a preflight.
+_BROWSER_HEADERS = frozenset(
+    {
+        "accept-charset",
+        "cookie",
+        "cookie2",
+        "date",
+        "dnt",
+        "expect",
+        "origin",
+        "priority",
+        "referer",
+        "upgrade-insecure-requests",
+        "via",
+    }
+)
+_BROWSER_HEADER_PREFIXES = ("sec-", "proxy-")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Seconds a Chromium that failed a render has to open a context to be deemed alive.
@@ -154,7 +181,9 @@ class BrowserSettings:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resource:
     """One request the page made: crawlq's answer's `status`, or the `error` (a Reason
-    value, or "skipped": not fetched by choice) it was aborted with."""
+    value; "skipped": not fetched by choice; "cors": another origin's answer that does not
+    let the page's origin read it, failed as a browser's CORS check fails it) it was
+    aborted with."""
 
     url: str
     kind: str  # Playwright's resource type: document, script, stylesheet, fetch, xhr...
@@ -569,12 +598,20 @@ class _Render:
             else:
                 self._check(url, kind)
                 headers = await request.all_headers()
-                response = await self._fetched(url, method, headers, request.post_data_buffer)
+                # A navigation's answer becomes a document of its own origin: no script of
+                # the page reads it, and a browser checks no CORS for it (a form's POST
+                # carries an Origin all the same).
+                origin = None if request.is_navigation_request() else headers.get("origin")
+                data = request.post_data_buffer
+                response = await self._fetched(url, method, headers, data, origin)
         except _Skipped as exc:
             self._note(url, kind, method, error="skipped", detail=str(exc))
             if self._over():
                 await self._unroute()  # before the page hears of it
             await _abort(route, "blockedbyclient")
+        except _CorsRefused as exc:
+            self._note(url, kind, method, error="cors", detail=str(exc))
+            await _abort(route, "failed")
         except FetchError as exc:
             if isinstance(exc, Throttled) and exc.answered and _host(url) == self.host:
                 self.paused = self.paused or exc
@@ -634,18 +671,38 @@ class _Render:
         method: str,
         headers: Mapping[str, str],
         data: bytes | None,
+        origin: str | None,
     ) -> Response:
         """crawlq's answer to one request, fetched one at a time per host. crawlq follows
         the redirects itself (each hop checked as a page's are) and Chromium gets where they
         led: it would send the request a redirect answer leads to itself, past the
         interception (to the proxy that leads nowhere).
 
-        The crawl's credentials go only to the page's own site (`_credentials`)."""
+        Chromium takes whatever crawlq answers as its own, and Playwright, fulfilling a
+        request from another origin, lets the page read it unless the answer says otherwise.
+        So crawlq plays the browser's part: the crawl's credentials go only to the page's own
+        site (`_credentials`), and a request a script makes to another origin (`origin`: the
+        Origin header it carries, None for no CORS check) is answered only if that origin's
+        server lets the page's origin read it, after a preflight crawlq sends itself where a
+        browser would send one (Playwright answers Chromium's own preflights, allowing
+        everything, before crawlq sees them). _CorsRefused otherwise."""
         host = _host(url)
         sent = {k: v for k, v in headers.items() if k.lower() not in _OWN_HEADERS}
+        if origin is not None and origin.strip() == _origin(url):
+            origin = None  # same-origin: nothing to check
         credentials = self._credentials(url)
         async with self._own if host == self.host else self.browser.host_lock(host):
-            return await self.fetch(url, method, sent, data, credentials)
+            if origin is not None:
+                await self._preflight(url, method, sent, origin, credentials)
+            response = await self.fetch(url, method, sent, data, credentials)
+        if origin is not None:
+            credited = True
+            for answer in response.chain:  # each redirect too, as a browser checks each
+                credited = credited and credentials(answer.url)
+                refusal = _cors_refusal(answer, origin, credentialed=credited)
+                if refusal is not None:
+                    raise _CorsRefused(refusal)
+        return response
 
     def _credentials(self, url: str) -> Callable[[str], bool]:
         """Which hops of a request to `url` go with the crawl's credentials (its cookies,
@@ -660,9 +717,106 @@ class _Render:
 
         return credited
 
+    async def _preflight(
+        self,
+        url: str,
+        method: str,
+        headers: Mapping[str, str],
+        origin: str,
+        credentials: Callable[[str], bool],
+    ) -> None:
+        """The preflight a browser sends before a request to another origin that is not
+        simple (another method than GET, HEAD or POST, or a header a script set beyond the
+        simple ones), sent without credentials, as a browser sends it; _CorsRefused unless
+        its answer allows the request. A request that goes with credentials needs its origin
+        named (not `*`) and Access-Control-Allow-Credentials."""
+        unsafe = sorted(name.lower() for name, value in headers.items() if _unsafe(name, value))
+        if method in _SIMPLE_METHODS and not unsafe:
+            return
+        asked = {"origin": origin, "access-control-request-method": method, "accept": "*/*"}
+        if unsafe:
+            asked["access-control-request-headers"] = ",".join(unsafe)
+        answer = await self.fetch(url, "OPTIONS", asked, None, _never)
+        refusal = _preflight_refusal(answer, origin, method, unsafe, credentials(url))
+        if refusal is not None:
+            raise _CorsRefused(refusal)
+
 
 class _Skipped(Exception):
     """A request of the page not fetched by choice."""
+
+
+class _CorsRefused(Exception):
+    """Another origin's answer the page's origin may not read, as a browser's CORS check
+    would find (its preflight's, or its own)."""
+
+
+def _never(_: str) -> bool:
+    return False
+
+
+def _cors_refusal(answer: Response, origin: str, *, credentialed: bool) -> str | None:
+    """Why `answer` does not let `origin` read it (None if it does): it must name `origin`
+    in one Access-Control-Allow-Origin, or say `*`; and, if the request went with the
+    crawl's credentials (whatever credentials mode the script asked for: crawlq cannot see
+    it), name it and allow credentials."""
+    values = [value.strip() for name, value in answer.headers if name.lower() == _ACAO]
+    if not values:
+        return f"{answer.url} has no Access-Control-Allow-Origin"
+    if len(values) > 1 or values[0] not in (origin, "*"):
+        return f"{answer.url} does not allow the origin {origin}"
+    if credentialed and (
+        values[0] == "*"
+        or (answer.header("Access-Control-Allow-Credentials") or "").strip() != "true"
+    ):
+        return f"{answer.url} does not allow credentials from {origin}"
+    return None
+
+
+_ACAO = "access-control-allow-origin"
+
+
+def _preflight_refusal(
+    answer: Response, origin: str, method: str, unsafe: list[str], credentialed: bool
+) -> str | None:
+    """Why the answer to a preflight does not allow a request (`method`, with the headers
+    named `unsafe`) from `origin`; None if it does. `*` allows any method or header only to
+    a request without credentials, as for the origin."""
+    if answer.history:
+        return "the preflight was redirected"
+    if not 200 <= answer.status < 300:
+        return f"the preflight was answered {answer.status}"
+    refusal = _cors_refusal(answer, origin, credentialed=credentialed)
+    if refusal is not None:
+        return refusal
+    methods = _tokens(answer, "Access-Control-Allow-Methods")
+    any_method = not credentialed and "*" in methods
+    if method not in _SIMPLE_METHODS and method not in methods and not any_method:
+        return f"the preflight does not allow {method}"
+    allowed = {name.lower() for name in _tokens(answer, "Access-Control-Allow-Headers")}
+    any_header = not credentialed and "*" in allowed
+    missing = [name for name in unsafe if name not in allowed]
+    if missing and not any_header:
+        return f"the preflight does not allow the header {missing[0]}"
+    return None
+
+
+def _tokens(answer: Response, name: str) -> set[str]:
+    """The comma-separated values of `answer`'s headers called `name`."""
+    lower = name.lower()
+    values = (value for key, value in answer.headers if key.lower() == lower)
+    return {token.strip() for value in values for token in value.split(",") if token.strip()}
+
+
+def _unsafe(name: str, value: str) -> bool:
+    """Whether a request header makes a request to another origin need a preflight: one a
+    script set (not Chromium), other than the simple ones with a simple value."""
+    lower = name.lower()
+    if lower in _BROWSER_HEADERS or lower.startswith(_BROWSER_HEADER_PREFIXES):
+        return False
+    if lower == "content-type":
+        return value.split(";", 1)[0].strip().lower() not in _SIMPLE_CONTENT_TYPES
+    return lower not in _SIMPLE_HEADERS
 
 
 def _origin(url: str) -> str:
