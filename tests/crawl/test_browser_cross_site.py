@@ -234,7 +234,8 @@ async def test_the_pages_own_site_keeps_its_session_and_another_site_gets_none(
     fetches its own origin, api.example.com (the same site: the same registered domain) and
     www.example.net (another site), each holding a session cookie in the crawl's jar, each
     allowing the page's origin with credentials: the first two get their cookie, the last
-    none."""
+    none. A module script from api.example.com (a CORS request a browser sends without
+    credentials) goes without, and runs on its `Access-Control-Allow-Origin: *`."""
     names = ("www.example.com", "api.example.com", "www.example.net")
     async with SyntheticWeb([Site(name=name) for name in names]) as net:
         origin = net.url("www.example.com", "")
@@ -242,12 +243,19 @@ async def test_the_pages_own_site_keeps_its_session_and_another_site_gets_none(
             net.sites[name].routes["/"] = with_session(sid)
             net.sites[name].routes["/data"] = echo_session(origin)
         own, api, other = (json.dumps(net.url(name, "/data")) for name in names)
-        script = (
-            f"read('own', {own}, {{credentials: 'include'}})"
-            f".then(() => read('api', {api}, {{credentials: 'include'}}))"
-            f".then(() => read('other', {other}, {{credentials: 'include'}})).then(done);"
+        net.sites["api.example.com"].routes["/module.js"] = respond(
+            body="document.body.insertAdjacentHTML('beforeend', '<p id=module>ran</p>');",
+            content_type="application/javascript",
+            headers={"Access-Control-Allow-Origin": "*"},
         )
-        net.sites["www.example.com"].routes["/page"] = script_page(script)
+        module = json.dumps(net.url("api.example.com", "/module.js"))
+        script = (  # once loaded: the module has run by then
+            f"window.addEventListener('load', () => read('own', {own}, {{credentials: 'include'}})"
+            f".then(() => read('api', {api}, {{credentials: 'include'}}))"
+            f".then(() => read('other', {other}, {{credentials: 'include'}})).then(done));"
+        )
+        body = f"<script type=module src={module}></script><script>{READ}{script}</script>"
+        net.sites["www.example.com"].routes["/page"] = respond(body=page_html("site", [], body))
         rendered = await render(
             tmp_path,
             net,
@@ -257,6 +265,9 @@ async def test_the_pages_own_site_keeps_its_session_and_another_site_gets_none(
     assert read(rendered.html, "own") == "read:sid=www"
     assert read(rendered.html, "api") == "read:sid=api"
     assert read(rendered.html, "other") == "read:sid=none"
+    assert read(rendered.html, "module") == "ran"
+    (loaded,) = hits(net, "api.example.com", "/module.js")
+    assert loaded.cookies == {}
 
 
 async def test_a_redirect_to_another_origin_of_the_site_goes_on_without_the_session(

@@ -138,6 +138,10 @@ _BROWSER_HEADERS = frozenset(
     }
 )
 _BROWSER_HEADER_PREFIXES = ("sec-", "proxy-")
+#: The requests whose script may ask that another origin get its credentials (fetch() and
+#: XHR); a browser sends an element's request to another origin in CORS mode (a module
+#: script, a font, `crossorigin` on an element) without them.
+_CREDENTIALED_KINDS = frozenset({"fetch", "xhr"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Seconds a Chromium that failed a render has to open a context to be deemed alive.
@@ -603,7 +607,7 @@ class _Render:
                 # carries an Origin all the same).
                 origin = None if request.is_navigation_request() else headers.get("origin")
                 data = request.post_data_buffer
-                response = await self._fetched(url, method, headers, data, origin)
+                response = await self._fetched(url, kind, method, headers, data, origin)
         except _Skipped as exc:
             self._note(url, kind, method, error="skipped", detail=str(exc))
             if self._over():
@@ -668,6 +672,7 @@ class _Render:
     async def _fetched(
         self,
         url: str,
+        kind: str,
         method: str,
         headers: Mapping[str, str],
         data: bytes | None,
@@ -691,6 +696,8 @@ class _Render:
         if origin is not None and origin.strip() == _origin(url):
             origin = None  # same-origin: nothing to check
         credentials = self._credentials(url)
+        if origin is not None and kind not in _CREDENTIALED_KINDS:
+            credentials = _never  # a module script, a font: a browser sends no credentials
         async with self._own if host == self.host else self.browser.host_lock(host):
             if origin is not None:
                 await self._preflight(url, method, sent, origin, credentials)
