@@ -120,6 +120,7 @@ _SIMPLE_HEADERS = frozenset({"accept", "accept-language", "content-language", "c
 _SIMPLE_CONTENT_TYPES = frozenset(
     {"application/x-www-form-urlencoded", "multipart/form-data", "text/plain"}
 )
+_ACAO = "access-control-allow-origin"
 #: Headers of a request that Chromium sets, not a script (the Fetch standard's forbidden
 #: names, and those Chromium adds): none of them makes a request need a preflight.
 _BROWSER_HEADERS = frozenset(
@@ -768,19 +769,17 @@ def _cors_refusal(answer: Response, origin: str, *, credentialed: bool) -> str |
     crawl's credentials (whatever credentials mode the script asked for: crawlq cannot see
     it), name it and allow credentials."""
     values = [value.strip() for name, value in answer.headers if name.lower() == _ACAO]
+    where = redact_url(answer.url)
     if not values:
-        return f"{answer.url} has no Access-Control-Allow-Origin"
+        return f"{where} has no Access-Control-Allow-Origin"
     if len(values) > 1 or values[0] not in (origin, "*"):
-        return f"{answer.url} does not allow the origin {origin}"
+        return f"{where} does not allow the origin {origin}"
     if credentialed and (
         values[0] == "*"
         or (answer.header("Access-Control-Allow-Credentials") or "").strip() != "true"
     ):
-        return f"{answer.url} does not allow credentials from {origin}"
+        return f"{where} does not allow credentials from {origin}"
     return None
-
-
-_ACAO = "access-control-allow-origin"
 
 
 def _preflight_refusal(
