@@ -57,7 +57,13 @@ def _limit_text(limit: Limit) -> str:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON, as the dashboard's /api/stats: a block with no end is"
+    " blocked_for_good, its blocked_until null.",
+)
 @click.option(
     "--groups",
     "group_count",
@@ -108,22 +114,9 @@ def stats(
 
     queues, groups, workers, now = run(main)
     if as_json:
-        echo_json(
-            {
-                "queues": [dataclasses.asdict(q) for q in queues],
-                "groups": [
-                    {
-                        **dataclasses.asdict(g),
-                        "block_reason": g.block_reason and redact(g.block_reason),
-                    }
-                    for g in groups
-                ],
-                "workers": [
-                    {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"}
-                    for w in workers
-                ],
-            }
-        )
+        from ..observe.dashboard import stats_json  # the dashboard's /api/stats writes it too
+
+        click.echo(stats_json(queues, groups, workers, now, indent=2))
         return
     click.echo(
         _table(

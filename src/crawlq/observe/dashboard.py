@@ -4,7 +4,7 @@ Pages: queues (counts and a chart of the last minutes), groups (who is throttled
 workers, dead letters (re-queue and purge, each confirmed) and one element. Each page's live
 part reloads itself from ``?fragment=1`` every couple of seconds, without reloading the page.
 `/metrics` serves the Prometheus text format; `/api/stats` the numbers of `crawlq stats
---json`. The guard (security.py) checks the token and CSRF.
+--json` (stats_json writes both). The guard (security.py) checks the token and CSRF.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import hashlib
 import hmac
 import html
 import json
+import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -37,7 +38,7 @@ from ..backends import Backend
 from ..checks import MAX_SECONDS
 from ..errors import CrawlqError, UnknownQueue
 from ..grouping import bounded_glob, group_pattern
-from ..types import GroupStats
+from ..types import GroupStats, QueueStats, WorkerInfo
 from .logs import redact
 from .metrics import METRIC_GROUPS, exposition, throttle_reason
 from .observer import Observer, rates
@@ -403,31 +404,39 @@ class Dashboard:
 
     async def api_stats(self, request: Request) -> Response:
         snapshot = await self.observer.snapshot()
-        return _StatsJSON(
-            {
-                "queues": [dataclasses.asdict(q) for q in snapshot.queues],
-                "groups": [_group_json(g) for g in snapshot.groups],
-                "workers": [
-                    {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"}
-                    for w in snapshot.workers
-                ],
-                "now": snapshot.at,
-            },
-            headers={"cache-control": "no-store"},
-        )
+        text = stats_json(snapshot.queues, snapshot.groups, snapshot.workers, snapshot.at)
+        return Response(text, media_type="application/json", headers={"cache-control": "no-store"})
 
 
-class _StatsJSON(JSONResponse):
-    """JSON as `crawlq stats --json` writes it: a block for good is until Infinity (which
-    JSONResponse refuses, a 500)."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+def stats_json(
+    queues: Iterable[QueueStats],
+    groups: Iterable[GroupStats],
+    workers: Iterable[WorkerInfo],
+    now: float,
+    *,
+    indent: int | None = None,
+) -> str:
+    """The numbers of `/api/stats` and `crawlq stats --json`, one document for both, in
+    standard JSON (allow_nan=False: JSON.parse and jq read no Infinity, so a number beyond
+    it is an error here, never a document they refuse). A group has `blocked_until`, the
+    backend's time (as `now`) its block ends, null when not blocked or blocked for good,
+    and `blocked_for_good`, true for a block with no end (until infinity in the backend)."""
+    document = {
+        "queues": [dataclasses.asdict(q) for q in queues],
+        "groups": [_group_json(g) for g in groups],
+        "workers": [
+            {k: v for k, v in dataclasses.asdict(w).items() if k != "wake_address"} for w in workers
+        ],
+        "now": now,
+    }
+    return json.dumps(document, indent=indent, sort_keys=True, allow_nan=False)
 
 
 def _group_json(group: GroupStats) -> dict[str, Any]:
     found = dataclasses.asdict(group)
-    found["limit"] = dataclasses.asdict(group.limit)
+    for_good = group.blocked_until == math.inf
+    found["blocked_until"] = None if for_good else group.blocked_until
+    found["blocked_for_good"] = for_good
     found["block_reason"] = group.block_reason and redact(group.block_reason)
     return found
 
