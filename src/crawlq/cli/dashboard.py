@@ -11,7 +11,7 @@ import click
 from ..checks import seconds, shorten, unicode_error
 from ..errors import ConfigError
 from ..observe.logs import redact
-from ..observe.security import check_token
+from ..observe.security import MAKE_TOKEN, TOKEN_RULE, check_token
 from .common import backend_option, connected, resolve_url, run
 
 log = logging.getLogger("crawlq.dashboard")
@@ -74,8 +74,8 @@ def _bind(host: str, port: int) -> socket.socket:
     envvar="CRAWLQ_DASHBOARD_TOKEN",
     show_envvar=True,
     default=None,
-    help="Require this token (16+ characters) on every page, action and /metrics (prefer the"
-    " env variable).",
+    help="Require this token on every page, action and /metrics (prefer the env variable):"
+    f" {TOKEN_RULE}. Make one with {MAKE_TOKEN}.",
 )
 @click.option(
     "--cache",

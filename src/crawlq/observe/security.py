@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import itertools
 import re
 import secrets
 import time
@@ -87,17 +88,36 @@ def local_location(target: str) -> str:
 #: cookie, the Authorization header and the login form unchanged.
 _TOKEN = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]+")
 MIN_TOKEN = 16
+#: The fewest different characters a token may hold.
+MIN_TOKEN_VARIETY = 6
+MAKE_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+TOKEN_RULE = (
+    f"at least {MIN_TOKEN} ASCII characters, {MIN_TOKEN_VARIETY} or more of them different,"
+    " without spaces, quotes, commas, semicolons or backslashes, neither mostly a run"
+    " (1234..., abcd..., aaaa...) nor one piece repeated (letmeinletmein)"
+)
+
+
+def weak_token(token: str) -> bool:
+    """Whether `token` is one a person would type rather than a random one: fewer than
+    MIN_TOKEN_VARIETY different characters, more than two thirds of its steps to the next
+    character a repeat or a neighbour (1234567890123456, abcdefghijklmnop), or a piece
+    repeated. A random token of MIN_TOKEN hex digits is refused about once in 30,000 (too
+    few different ones); one of secrets.token_urlsafe, never in practice."""
+    if len(set(token)) < MIN_TOKEN_VARIETY:
+        return True
+    steps = sum(1 for a, b in itertools.pairwise(token) if abs(ord(a) - ord(b)) <= 1)
+    if steps * 3 > (len(token) - 1) * 2:
+        return True
+    size = len(token)
+    return any(token == (token[:p] * size)[:size] for p in range(1, size // 2 + 1))
 
 
 def check_token(token: str) -> str:
-    """A dashboard token: at least MIN_TOKEN characters, ASCII without spaces, quotes, commas,
-    semicolons or backslashes; ConfigError otherwise (the message never shows the token)."""
-    if len(token) < MIN_TOKEN or not _TOKEN.fullmatch(token):
-        raise ConfigError(
-            f"the dashboard token must be at least {MIN_TOKEN} ASCII characters without spaces,"
-            ' quotes, commas, semicolons or backslashes (make one: python -c "import secrets;'
-            ' print(secrets.token_urlsafe(24))")'
-        )
+    """A dashboard token: see TOKEN_RULE; ConfigError otherwise, saying how to make a good
+    one (the message never shows the token)."""
+    if len(token) < MIN_TOKEN or not _TOKEN.fullmatch(token) or weak_token(token):
+        raise ConfigError(f"the dashboard token must be {TOKEN_RULE}: make one with {MAKE_TOKEN}")
     return token
 
 
