@@ -1,21 +1,77 @@
-"""The dashboard hardened against weak tokens: the real `crawlq dashboard` command."""
+"""The dashboard hardened against other web pages and weak tokens: over real HTTP against a
+real dashboard (uvicorn on a loopback port, in a thread here) on a real SQLite file, or the
+real `crawlq dashboard` command."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
+import uvicorn
 
 from crawlq.backends import open_backend
+from crawlq.cli.dashboard import allowed_hosts
 from crawlq.errors import ConfigError
-from crawlq.observe.dashboard import Dashboard
+from crawlq.observe.dashboard import LOOPBACK_HOSTS, Dashboard
 from crawlq.types import QueueConfig, Schedule
 
-from .conftest import ROOT
+from .conftest import ROOT, wait_for
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: http.client.HTTPMessage
+    body: str
+
+    def cookie(self, name: str) -> str | None:
+        """The value `name` is set to, if a Set-Cookie sets it."""
+        for value in self.headers.get_all("set-cookie") or []:
+            if value.startswith(f"{name}="):
+                return value.split(";", 1)[0].split("=", 1)[1]
+        return None
+
+
+@dataclass
+class Served:
+    port: int
+
+    def send(
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        headers: dict[str, str] | None = None,
+        form: dict[str, str] | None = None,
+        source: str = "127.0.0.1",
+    ) -> Answer:
+        """One request from the address `source` (any of 127.0.0.0/8), no redirect followed."""
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", self.port, timeout=30, source_address=(source, 0)
+        )
+        try:
+            body = urlencode(form).encode() if form is not None else None
+            sent = dict(headers or {})
+            if body is not None:
+                sent["Content-Type"] = "application/x-www-form-urlencoded"
+            connection.request(method, path, body=body, headers=sent)
+            got = connection.getresponse()
+            return Answer(got.status, got.headers, got.read().decode())
+        finally:
+            connection.close()
+
+
+Serve = Callable[..., Served]
 
 
 async def _fill(url: str) -> None:
@@ -29,6 +85,117 @@ async def _fill(url: str) -> None:
         await backend.schedule([element])
     finally:
         await backend.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    """Starts a dashboard (no cache) over a SQLite file holding the queue `pages`."""
+    stops: list[Callable[[], None]] = []
+
+    def start(*, token: str | None = None) -> Served:
+        url = f"sqlite:///{tmp_path / f'board{len(stops)}.db'}"
+        asyncio.run(_fill(url))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        servers: list[uvicorn.Server] = []
+        failed: list[BaseException] = []
+
+        async def main() -> None:
+            backend = open_backend(url, create=False)
+            await backend.open()
+            try:
+                board = Dashboard(backend, token=token, ttl=0)
+                app = board.app(allowed_hosts=allowed_hosts("127.0.0.1", LOOPBACK_HOSTS))
+                config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
+                servers.append(uvicorn.Server(config))
+                await servers[0].serve(sockets=[sock])
+            finally:
+                await backend.close()
+
+        def run() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:  # shown by the readiness wait below
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, name="dashboard", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            if servers:
+                servers[0].should_exit = True
+            thread.join(timeout=30)
+            sock.close()
+
+        stops.append(stop)
+        wait_for(lambda: failed or (servers and servers[0].started), "the dashboard to listen")
+        assert not failed, failed
+        return Served(port=sock.getsockname()[1])
+
+    try:
+        yield start
+    finally:
+        for stop in stops:
+            stop()
+
+
+# -- 1. another web page's requests ------------------------------------------------------------
+
+#: The headers Chromium sends with a request another site's page makes without the user (an
+#: <img>, a no-cors fetch, a form post, a frame), or a page on another port of 127.0.0.1.
+CROSS_SITE = {
+    "Sec-Fetch-Site": "cross-site",
+    "Sec-Fetch-Mode": "no-cors",
+    "Sec-Fetch-Dest": "image",
+}
+SAME_SITE = {**CROSS_SITE, "Sec-Fetch-Site": "same-site"}
+CLICKED = {
+    "Sec-Fetch-Site": "cross-site",
+    "Sec-Fetch-Mode": "navigate",
+    "Sec-Fetch-Dest": "document",
+    "Sec-Fetch-User": "?1",
+}
+ELEMENT = "/element?" + urlencode({"queue": "pages", "key": '"http://a.test/1"'})
+ROUTES = [
+    ELEMENT,
+    "/",
+    "/groups",
+    "/workers",
+    "/dead",
+    "/metrics",
+    "/api/stats",
+    "/static/dashboard.js",
+]
+
+
+def test_a_tokenless_dashboard_refuses_other_pages_requests_before_any_read(serve: Serve) -> None:
+    """Without a token, any page the operator visits could make the browser ask for any page
+    (on Redis, an element's page scans every group): each such request is refused, on every
+    route, before the page is made; Prometheus and scripts (no Sec-Fetch-* headers), the
+    dashboard's own pages and a link the user clicked still get the page."""
+    board = serve()
+    for path in ROUTES:
+        for headers in (CROSS_SITE, SAME_SITE):
+            got = board.send(path, headers=headers)
+            assert got.status == 403, (path, headers, got.status, got.body[:200])
+            assert "another web page" in got.body and "a.test" not in got.body
+        assert board.send(path).status == 200, path  # Prometheus, curl: no Sec-Fetch-*
+        for site in ("same-origin", "none"):  # its own pages; an address typed
+            assert board.send(path, headers={"Sec-Fetch-Site": site}).status == 200, (path, site)
+    page = board.send(ELEMENT)
+    assert "http://a.test/1" in page.body, "the element's page, read from the backend"
+    assert board.send(ELEMENT, headers=CLICKED).status == 200, "a link clicked in a runbook"
+    scripted = {**CLICKED, "Sec-Fetch-User": "?0"}  # a page's script navigating, no click
+    assert board.send(ELEMENT, headers=scripted).status == 403
+    framed = {**CLICKED, "Sec-Fetch-Dest": "iframe"}
+    assert board.send(ELEMENT, headers=framed).status == 403
+    posted = board.send(
+        "/dead/purge", method="POST", headers=CROSS_SITE, form={"queue": "pages", "all": "1"}
+    )
+    assert posted.status == 403 and "another web page" in posted.body
+    other_origin = {"Origin": "http://evil.test", "Sec-Fetch-Site": "cross-site"}
+    assert board.send("/api/stats", headers=other_origin).status == 403
 
 
 # -- 2. weak tokens ------------------------------------------------------------------------------

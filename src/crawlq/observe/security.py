@@ -13,8 +13,15 @@ dashboard should a copy be sent again, and starts a new session, so the CSRF tok
 pages still open are void too.
 
 Actions are POST forms carrying ``csrf``: an HMAC of the browser's session cookie under a
-secret made at start-up. Another site can make a browser post, but cannot read the token;
-a request whose Origin names another host is refused too.
+secret made at start-up. Another site can make a browser post, but cannot read the token.
+
+Before any of that, with a token or without, a request another web page made is refused (403;
+Guard.foreign): one whose ``Sec-Fetch-Site`` is ``cross-site`` or ``same-site`` (another port
+of 127.0.0.1 is the same site), or whose Origin names another host. Such a page cannot read
+the answer, but each read it asks for costs the backend (on Redis, an element's page scans
+every group). Only a link the user clicked passes (a top-level GET navigation with
+``Sec-Fetch-User: ?1``), so that a runbook's or an alert's link opens the page. A request
+without Sec-Fetch-* headers (Prometheus, curl, scripts) is no browser's and passes.
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ SESSION_COOKIE = "crawlq_session"
 LOGIN_PATH = "/login"
 LOGOUT_PATH = "/logout"
 MAX_FORM_BYTES = 64 * 1024
+#: Sec-Fetch-Site values of a request another page made (another port of 127.0.0.1 is
+#: same-site): refused. "same-origin", "none" (typed, a bookmark) and no header pass.
+FOREIGN_SITES = ("cross-site", "same-site")
 
 
 def cookies(scope: Scope) -> dict[str, str]:
@@ -129,6 +139,19 @@ class Guard:
         self.secret = secrets.token_bytes(32)
         self._logged_out: dict[str, int] = {}  # login -> its expiry
 
+    def foreign(self, scope: Scope) -> bool:
+        """Whether another web page made this request (see the module's doc): the one check
+        of where a request comes from, for every route, reads and actions alike."""
+        site = header(scope, b"sec-fetch-site")
+        if site in FOREIGN_SITES and not _clicked_link(scope):
+            return True
+        origin = header(scope, b"origin")
+        if origin and origin != "null":
+            host = header(scope, b"host") or ""
+            if origin.split("://", 1)[-1] != host:
+                return True
+        return False
+
     def csrf_for(self, session: str) -> str:
         return hmac.new(self.secret, session.encode(), hashlib.sha256).hexdigest()
 
@@ -137,12 +160,7 @@ class Guard:
         given = form.get("csrf", "")
         if not session or not given or not hmac.compare_digest(self.csrf_for(session), given):
             return False
-        origin = header(scope, b"origin")
-        if origin and origin != "null":
-            host = header(scope, b"host") or ""
-            if origin.split("://", 1)[-1] != host:
-                return False
-        return True
+        return not self.foreign(scope)
 
     def token_ok(self, candidate: str | None) -> bool:
         if self.token is None:
@@ -201,6 +219,17 @@ class Guard:
         return self.login_ok(jar.get(TOKEN_COOKIE))
 
 
+def _clicked_link(scope: Scope) -> bool:
+    """A top-level page load the user started (a link clicked, an address typed): a page
+    cannot make one without the user, so at most one read per click."""
+    return (
+        scope["method"] == "GET"
+        and header(scope, b"sec-fetch-mode") == "navigate"
+        and header(scope, b"sec-fetch-dest") == "document"
+        and header(scope, b"sec-fetch-user") == "?1"
+    )
+
+
 #: Sent with every response: no page may be framed, by another site or by another port of
 #: 127.0.0.1 (same-site, so SameSite cookies go along), so a click cannot be stolen; the pages
 #: load only their own script and style (static/), never inline ones.
@@ -247,6 +276,9 @@ class GuardMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.guard.foreign(scope):
+            await self._plain(send, 403, FOREIGN_REFUSED, [])
             return
         jar = cookies(scope)
         session = jar.get(SESSION_COOKIE)
@@ -331,6 +363,12 @@ class GuardMiddleware:
         headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
+
+
+FOREIGN_REFUSED = (
+    "refused: another web page sent this request (Sec-Fetch-Site or Origin): open the"
+    " dashboard from its own address"
+)
 
 
 async def read_form(receive: Receive) -> dict[str, str] | None:
