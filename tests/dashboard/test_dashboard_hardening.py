@@ -1,16 +1,18 @@
-"""The dashboard hardened against other web pages and weak tokens: over real HTTP against a
-real dashboard (uvicorn on a loopback port, in a thread here) on a real SQLite file, or the
-real `crawlq dashboard` command."""
+"""The dashboard hardened against other web pages, weak tokens and token guessing: over real
+HTTP against a real dashboard (uvicorn on a loopback port, in a thread here so that the login
+limit's clock is the test's) on a real SQLite file, or the real `crawlq dashboard` command."""
 
 from __future__ import annotations
 
 import asyncio
 import http.client
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +25,20 @@ from crawlq.backends import open_backend
 from crawlq.cli.dashboard import allowed_hosts
 from crawlq.errors import ConfigError
 from crawlq.observe.dashboard import LOOPBACK_HOSTS, Dashboard
+from crawlq.observe.security import (
+    LOGIN_ADDRESSES,
+    LOGIN_FAILURES,
+    LOGIN_FAILURES_ALL,
+    LOGIN_WINDOW,
+    TOKEN_COOKIE,
+    LoginLimit,
+)
 from crawlq.types import QueueConfig, Schedule
 
+from ..helpers import ManualClock
 from .conftest import ROOT, wait_for
+
+TOKEN = secrets.token_urlsafe(24)
 
 
 @dataclass
@@ -89,10 +102,11 @@ async def _fill(url: str) -> None:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Serve]:
-    """Starts a dashboard (no cache) over a SQLite file holding the queue `pages`."""
+    """Starts a dashboard (no cache) over a SQLite file holding the queue `pages`; with
+    `token`, `clock` times its login limit."""
     stops: list[Callable[[], None]] = []
 
-    def start(*, token: str | None = None) -> Served:
+    def start(*, token: str | None = None, clock: Callable[[], float] | None = None) -> Served:
         url = f"sqlite:///{tmp_path / f'board{len(stops)}.db'}"
         asyncio.run(_fill(url))
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -105,7 +119,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
             backend = open_backend(url, create=False)
             await backend.open()
             try:
-                board = Dashboard(backend, token=token, ttl=0)
+                board = Dashboard(backend, token=token, ttl=0, clock=clock or time.monotonic)
                 app = board.app(allowed_hosts=allowed_hosts("127.0.0.1", LOOPBACK_HOSTS))
                 config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
                 servers.append(uvicorn.Server(config))
@@ -236,3 +250,62 @@ def test_a_weak_token_is_refused_at_start_saying_how_to_make_one(tmp_path: Path)
         timeout=60,
     ).stdout
     assert "6 or more of them different" in " ".join(shown.split())
+
+
+# -- 3. guessing the token ---------------------------------------------------------------------
+
+
+def test_wrong_tokens_from_one_address_are_limited_by_the_clock(serve: Serve) -> None:
+    """Failed logins were never limited: a script could try tokens as fast as the dashboard
+    answers. Past LOGIN_FAILURES a minute from one address, every token it gives (right or
+    wrong, so the answer tells no right guess) gets 429 until the window passes by the
+    dashboard's clock; another address, and a browser already logged in, are unaffected."""
+    clock = ManualClock()
+    board = serve(token=TOKEN, clock=clock)
+    wrong = {"token": "x" + TOKEN, "next": "/"}
+    for _ in range(LOGIN_FAILURES - 1):
+        assert board.send("/login", method="POST", form=wrong).status == 401
+    logged_in = board.send("/login", method="POST", form={"token": TOKEN, "next": "/"})
+    assert logged_in.status == 303, "a right token forgives the wrong ones before it"
+    login = logged_in.cookie(TOKEN_COOKIE)
+    assert login
+    for _ in range(LOGIN_FAILURES):  # the form, ?token= and a Bearer count alike
+        assert board.send("/login", method="POST", form=wrong).status == 401
+    clock.advance(LOGIN_WINDOW - 1)
+    for attempt in (
+        board.send("/login", method="POST", form=wrong),
+        board.send("/login", method="POST", form={"token": TOKEN}),
+        board.send("/?" + urlencode({"token": TOKEN})),
+        board.send("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}),
+    ):
+        assert attempt.status == 429, attempt.body
+        assert attempt.headers["retry-after"] == "1"
+        assert attempt.cookie(TOKEN_COOKIE) is None
+    cookie = {"Cookie": f"{TOKEN_COOKIE}={login}"}
+    assert board.send("/", headers=cookie).status == 200, "a logged-in browser still works"
+    other = board.send("/login", method="POST", form={"token": TOKEN}, source="127.0.0.2")
+    assert other.status == 303, "another address may log in"
+    clock.advance(1)
+    assert board.send("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status == 200
+    # A local process may claim any address in X-Forwarded-For (uvicorn believes 127.0.0.1):
+    # all addresses together are limited too.
+    for n in range(LOGIN_FAILURES_ALL):
+        spoofed = {"X-Forwarded-For": f"10.0.{n // 256}.{n % 256}"}
+        got = board.send("/login", method="POST", form=wrong, headers=spoofed)
+        assert got.status == 401, (n, got.status)
+    got = board.send("/login", method="POST", form={"token": TOKEN}, source="127.0.0.3")
+    assert got.status == 429
+    clock.advance(LOGIN_WINDOW)
+    assert board.send("/login", method="POST", form={"token": TOKEN}).status == 303
+
+
+def test_the_login_limit_remembers_a_bounded_number_of_addresses() -> None:
+    """Guessing from ever more addresses must not grow the dashboard's memory."""
+    clock = ManualClock()
+    limit = LoginLimit(clock)
+    for n in range(2 * LOGIN_ADDRESSES):
+        limit.failed(f"10.{n >> 16}.{(n >> 8) & 255}.{n & 255}")
+    assert len(limit) == LOGIN_ADDRESSES
+    assert limit.wait("192.0.2.1") > 0, "all addresses together stay limited"
+    clock.advance(LOGIN_WINDOW)
+    assert limit.wait("192.0.2.1") == 0

@@ -11,7 +11,7 @@ import click
 from ..checks import seconds, shorten, unicode_error
 from ..errors import ConfigError
 from ..observe.logs import redact
-from ..observe.security import MAKE_TOKEN, TOKEN_RULE, check_token
+from ..observe.security import LOGIN_FAILURES, MAKE_TOKEN, TOKEN_RULE, check_token
 from .common import backend_option, connected, resolve_url, run
 
 log = logging.getLogger("crawlq.dashboard")
@@ -75,7 +75,8 @@ def _bind(host: str, port: int) -> socket.socket:
     show_envvar=True,
     default=None,
     help="Require this token on every page, action and /metrics (prefer the env variable):"
-    f" {TOKEN_RULE}. Make one with {MAKE_TOKEN}.",
+    f" {TOKEN_RULE}. Make one with {MAKE_TOKEN}. Wrong tokens from one address are refused"
+    f" (429) after {LOGIN_FAILURES} a minute.",
 )
 @click.option(
     "--cache",

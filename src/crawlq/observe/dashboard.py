@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -151,11 +151,12 @@ class Dashboard:
         token: str | None = None,
         ttl: float = 1.0,
         metric_groups: int = METRIC_GROUPS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.metric_groups = metric_groups
         self.observer = Observer(backend, ttl=ttl)
-        self.guard = Guard(token)
+        self.guard = Guard(token, clock=clock)  # the clock times the login limit
         self.templates = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),

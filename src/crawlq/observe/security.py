@@ -22,6 +22,12 @@ the answer, but each read it asks for costs the backend (on Redis, an element's 
 every group). Only a link the user clicked passes (a top-level GET navigation with
 ``Sec-Fetch-User: ?1``), so that a runbook's or an alert's link opens the page. A request
 without Sec-Fetch-* headers (Prometheus, curl, scripts) is no browser's and passes.
+
+Wrong tokens (the login form, ``?token=``, a Bearer) are limited per client address
+(LoginLimit): past LOGIN_FAILURES in LOGIN_WINDOW seconds, every token that address gives,
+right or wrong (or the answer would tell a right guess), gets 429 with Retry-After; past
+LOGIN_FAILURES_ALL from all addresses together, every address's, since a local process can
+claim any address in X-Forwarded-For, which uvicorn believes of 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ import hashlib
 import hmac
 import html
 import itertools
+import math
 import re
 import secrets
 import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
@@ -51,6 +60,14 @@ SESSION_COOKIE = "crawlq_session"
 LOGIN_PATH = "/login"
 LOGOUT_PATH = "/logout"
 MAX_FORM_BYTES = 64 * 1024
+#: Wrong tokens one client address may give in LOGIN_WINDOW seconds before it must wait.
+LOGIN_FAILURES = 5
+#: Wrong tokens all addresses together may give in LOGIN_WINDOW seconds.
+LOGIN_FAILURES_ALL = 100
+LOGIN_WINDOW = 60.0
+#: Addresses whose wrong tokens are remembered (the latest to fail kept): memory stays bounded
+#: however many addresses guess, and LOGIN_FAILURES_ALL holds for those forgotten.
+LOGIN_ADDRESSES = 10_000
 #: Sec-Fetch-Site values of a request another page made (another port of 127.0.0.1 is
 #: same-site): refused. "same-origin", "none" (typed, a bookmark) and no header pass.
 FOREIGN_SITES = ("cross-site", "same-site")
@@ -131,13 +148,61 @@ def check_token(token: str) -> str:
     return token
 
 
-class Guard:
-    """Checks the token and keeps a session for CSRF; one instance per dashboard."""
+class LoginLimit:
+    """Wrong tokens remembered per client address, by `clock` (seconds, any origin): the last
+    `per_address` of each of the `addresses` latest to fail, and the last `overall` of all."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        per_address: int = LOGIN_FAILURES,
+        overall: int = LOGIN_FAILURES_ALL,
+        window: float = LOGIN_WINDOW,
+        addresses: int = LOGIN_ADDRESSES,
+    ) -> None:
+        self.clock = clock
+        self.per_address = per_address
+        self.window = window
+        self.addresses = addresses
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+        self._all: deque[float] = deque(maxlen=overall)
+
+    def wait(self, address: str) -> float:
+        """Seconds before `address` may give a token again; 0 for now."""
+        now = self.clock()
+        waits = [0.0]
+        for times in (self._failed.get(address), self._all):
+            if times is not None and len(times) == times.maxlen:
+                waits.append(times[0] + self.window - now)
+        return max(waits)
+
+    def failed(self, address: str) -> None:
+        now = self.clock()
+        times = self._failed.pop(address, None) or deque(maxlen=self.per_address)
+        times.append(now)
+        self._failed[address] = times  # the latest to fail, last
+        while len(self._failed) > self.addresses:
+            self._failed.popitem(last=False)
+        self._all.append(now)
+
+    def succeeded(self, address: str) -> None:
+        """The right token from `address`: its wrong ones before are forgiven."""
+        self._failed.pop(address, None)
+
+    def __len__(self) -> int:
+        return len(self._failed)
+
+
+class Guard:
+    """Checks the token and keeps a session for CSRF; one instance per dashboard. `clock`
+    times the login limit only (tests move it)."""
+
+    def __init__(self, token: str | None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.token = check_token(token) if token is not None else None
         self.secret = secrets.token_bytes(32)
         self._logged_out: dict[str, int] = {}  # login -> its expiry
+        self.limit = LoginLimit(clock)
 
     def foreign(self, scope: Scope) -> bool:
         """Whether another web page made this request (see the module's doc): the one check
@@ -213,10 +278,18 @@ class Guard:
     def authorized(self, scope: Scope, jar: dict[str, str]) -> bool:
         if self.token is None:
             return True
-        bearer = header(scope, b"authorization")
-        if bearer and bearer.lower().startswith("bearer "):
-            return self.token_ok(bearer[7:].strip())
+        bearer = bearer_of(scope)
+        if bearer is not None:
+            return self.token_ok(bearer)
         return self.login_ok(jar.get(TOKEN_COOKIE))
+
+
+def bearer_of(scope: Scope) -> str | None:
+    """The token an ``Authorization: Bearer`` header gives, if any."""
+    given = header(scope, b"authorization")
+    if given and given.lower().startswith("bearer "):
+        return given[7:].strip()
+    return None
 
 
 def _clicked_link(scope: Scope) -> bool:
@@ -291,21 +364,34 @@ class GuardMiddleware:
             extra.append(cookie_header(scope, SESSION_COOKIE, new_session))
 
         if self.guard.token is not None:
-            if scope["path"] == LOGIN_PATH and scope["method"] == "POST":
-                await self._login(scope, receive, send, extra)
+            login = scope["path"] == LOGIN_PATH and scope["method"] == "POST"
+            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+            by_query = "token" in query and scope["method"] == "GET"
+            bearer = bearer_of(scope)
+            client = scope.get("client") or ("", 0)
+            address = str(client[0])
+            if login or by_query or bearer is not None:
+                wait = self.guard.limit.wait(address)
+                if wait > 0:
+                    await self._plain(send, 429, TOO_MANY, extra, retry_after=wait)
+                    return
+            if login:
+                await self._login(scope, receive, send, extra, address)
                 return
             if scope["path"] == LOGOUT_PATH and scope["method"] == "POST":
                 await self._logout(scope, receive, send, jar, extra)
                 return
-            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-            if "token" in query and scope["method"] == "GET":
-                if self.guard.token_ok(query["token"]):
+            if by_query:
+                if self._token_from(address, query["token"]):
                     rest = urlencode({k: v for k, v in query.items() if k != "token"})
                     location = local_location(scope["path"] + (f"?{rest}" if rest else ""))
                     extra.append(self._login_cookie(scope))
                     await self._plain(send, 303, "", extra, location=location)
                 else:
                     await self._plain(send, 401, login_page("wrong token"), extra)
+                return
+            if bearer is not None and not self._token_from(address, bearer):
+                await self._plain(send, 401, login_page(None), extra)
                 return
             if not self.guard.authorized(scope, jar):
                 await self._plain(send, 401, login_page(None), extra)
@@ -320,13 +406,23 @@ class GuardMiddleware:
 
         await self.app(scope, receive, send_with_cookies)
 
+    def _token_from(self, address: str, candidate: str | None) -> bool:
+        """Whether `candidate` is the token, counted against `address` if not."""
+        if self.guard.token_ok(candidate):
+            self.guard.limit.succeeded(address)
+            return True
+        self.guard.limit.failed(address)
+        return False
+
     def _login_cookie(self, scope: Scope) -> str:
         value = self.guard.login_cookie()
         return cookie_header(scope, TOKEN_COOKIE, value, max_age=LOGIN_SECONDS)
 
-    async def _login(self, scope: Scope, receive: Receive, send: Send, extra: list[str]) -> None:
+    async def _login(
+        self, scope: Scope, receive: Receive, send: Send, extra: list[str], address: str
+    ) -> None:
         form = await read_form(receive)
-        if form is None or not self.guard.token_ok(form.get("token")):
+        if form is None or not self._token_from(address, form.get("token")):
             await self._plain(send, 401, login_page("wrong token"), extra)
             return
         extra.append(self._login_cookie(scope))
@@ -348,7 +444,13 @@ class GuardMiddleware:
         await self._plain(send, 303, "", cleared, location="/")
 
     async def _plain(
-        self, send: Send, status: int, body: str, extra: list[str], location: str | None = None
+        self,
+        send: Send,
+        status: int,
+        body: str,
+        extra: list[str],
+        location: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         headers: list[tuple[bytes, bytes]] = [
             (b"content-type", b"text/html; charset=utf-8"),
@@ -356,6 +458,8 @@ class GuardMiddleware:
         ]
         if status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="crawlq"'))
+        if retry_after is not None:
+            headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
         if location is not None:
             headers.append((b"location", location.encode()))
         headers += [(b"set-cookie", value.encode("latin-1")) for value in extra]
@@ -369,6 +473,7 @@ FOREIGN_REFUSED = (
     "refused: another web page sent this request (Sec-Fetch-Site or Origin): open the"
     " dashboard from its own address"
 )
+TOO_MANY = "too many wrong tokens from this address: wait and try again"
 
 
 async def read_form(receive: Receive) -> dict[str, str] | None:
