@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import http.server
 import os
 import secrets
 import socket
@@ -16,10 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 import uvicorn
+from playwright.sync_api import Response, sync_playwright
 
 from crawlq.backends import open_backend
 from crawlq.cli.dashboard import allowed_hosts
@@ -37,6 +40,7 @@ from crawlq.types import QueueConfig, Schedule
 
 from ..helpers import ManualClock
 from .conftest import ROOT, wait_for
+from .test_dashboard import CHROMIUM
 
 TOKEN = secrets.token_urlsafe(24)
 
@@ -210,6 +214,66 @@ def test_a_tokenless_dashboard_refuses_other_pages_requests_before_any_read(serv
     assert posted.status == 403 and "another web page" in posted.body
     other_origin = {"Origin": "http://evil.test", "Sec-Fetch-Site": "cross-site"}
     assert board.send("/api/stats", headers=other_origin).status == 403
+
+
+class _Other(http.server.BaseHTTPRequestHandler):
+    """Another site's page (served on localhost, the dashboard on 127.0.0.1): a frame, a
+    script's fetch and a link, each to the dashboard's element page."""
+
+    target = ""
+
+    def do_GET(self) -> None:
+        body = (
+            f'<!doctype html><iframe src="{self.target}&via=frame"></iframe>'
+            f'<a id="link" href="{self.target}&via=link">open</a>'
+            f"<script>fetch({self.target + '&via=fetch'!r}, {{mode: 'no-cors'}})</script>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_in_chromium_another_sites_page_is_refused_and_a_clicked_link_is_not(
+    serve: Serve,
+) -> None:
+    """What Chromium really sends: another site's frame and fetch of the element page get
+    403; the same page opened from its address, or by clicking that site's link, gets it."""
+    board = serve()
+    target = f"http://127.0.0.1:{board.port}{ELEMENT}"
+    handler = type("Other", (_Other,), {"target": target})
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    statuses: dict[str, int] = {}
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                page = browser.new_page()
+
+                def seen(response: Response) -> None:
+                    if "via=" in response.url:
+                        statuses[response.url.rsplit("via=", 1)[1]] = response.status
+
+                page.on("response", seen)
+                page.goto(f"http://localhost:{other.server_address[1]}/")
+                page.wait_for_load_state("networkidle")
+                with page.expect_navigation():
+                    page.click("#link")
+                assert "http://a.test/1" in page.content(), "the element's page"
+                typed = page.goto(target + "&via=typed")
+                assert typed is not None
+            finally:
+                browser.close()
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert statuses == {"frame": 403, "fetch": 403, "link": 200, "typed": 200}, statuses
 
 
 # -- 2. weak tokens ------------------------------------------------------------------------------
