@@ -270,6 +270,43 @@ async def test_the_pages_own_site_keeps_its_session_and_another_site_gets_none(
     assert loaded.cookies == {}
 
 
+async def test_an_api_of_the_site_open_to_any_origin_is_read_as_anyone_reads_it(
+    tmp_path: Path,
+) -> None:
+    """www.example.com's page fetches api.example.com (the same site, holding a session
+    cookie in the crawl's jar), which answers `Access-Control-Allow-Origin: *`, as public
+    APIs do: a browser's fetch() sends no credentials by default and reads the answer.
+    crawlq cannot see the credentials mode, and sends the site's cookie first; `*` does not
+    allow credentials, so it reads the answer again without, and the page gets that one
+    (refused, a page of a single-page app would break). A fetch() asking for credentials
+    fails, as in a browser: Chromium checks that `*` much as crawlq does."""
+    names = ("www.example.com", "api.example.com")
+    async with SyntheticWeb([Site(name=name) for name in names]) as net:
+        net.sites["api.example.com"].routes["/"] = with_session("api")
+
+        async def public(request: web.Request) -> web.StreamResponse:
+            sid = request.cookies.get("sid", "none")
+            headers = {"Access-Control-Allow-Origin": "*"}
+            return web.Response(text=f"sid={sid}", content_type="text/plain", headers=headers)
+
+        net.sites["api.example.com"].routes["/public"] = public
+        api = json.dumps(net.url("api.example.com", "/public"))
+        net.sites["www.example.com"].routes["/page"] = script_page(
+            f"read('default', {api}).then(() => read('included', {api},"
+            " {credentials: 'include'})).then(done);"
+        )
+        rendered = await render(
+            tmp_path,
+            net,
+            net.url("www.example.com", "/page"),
+            first=(net.url("api.example.com", "/"),),
+        )
+    assert read(rendered.html, "default") == "read:sid=none"
+    assert read(rendered.html, "included") == "failed"  # Chromium's own check: `*` and include
+    sent = [h.cookies.get("sid") for h in hits(net, "api.example.com", "/public")]
+    assert sent == ["api", None, "api", None]
+
+
 async def test_a_redirect_to_another_origin_of_the_site_goes_on_without_the_session(
     tmp_path: Path,
 ) -> None:

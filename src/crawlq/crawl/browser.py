@@ -700,16 +700,19 @@ class _Render:
         if origin is not None and kind not in _CREDENTIALED_KINDS:
             credentials = _never  # a module script, a font: a browser sends no credentials
         async with self._own if host == self.host else self.browser.host_lock(host):
-            if origin is not None:
-                await self._preflight(url, method, sent, origin, credentials)
+            if origin is None:
+                return await self.fetch(url, method, sent, data, credentials)
+            credentials = await self._preflight(url, method, sent, origin, credentials)
             response = await self.fetch(url, method, sent, data, credentials)
-        if origin is not None:
-            credited = True
-            for answer in response.chain:  # each redirect too, as a browser checks each
-                credited = credited and credentials(answer.url)
-                refusal = _cors_refusal(answer, origin, credentialed=credited)
-                if refusal is not None:
-                    raise _CorsRefused(refusal)
+            refusal = _chain_refusal(response, origin, credentials)
+            if refusal is not None and _chain_refusal(response, origin, _never) is None:
+                # Allowed only without credentials (`*`, no Allow-Credentials): what a
+                # browser's fetch() or XHR reads by default, since crawlq cannot see whether
+                # the script asked for them. The answer that went with them is not shown.
+                response = await self.fetch(url, method, sent, data, _never)
+                refusal = _chain_refusal(response, origin, _never)
+        if refusal is not None:
+            raise _CorsRefused(refusal)
         return response
 
     def _credentials(self, url: str) -> Callable[[str], bool]:
@@ -732,22 +735,27 @@ class _Render:
         headers: Mapping[str, str],
         origin: str,
         credentials: Callable[[str], bool],
-    ) -> None:
+    ) -> Callable[[str], bool]:
         """The preflight a browser sends before a request to another origin that is not
         simple (another method than GET, HEAD or POST, or a header a script set beyond the
         simple ones), sent without credentials, as a browser sends it; _CorsRefused unless
         its answer allows the request. A request that goes with credentials needs its origin
-        named (not `*`) and Access-Control-Allow-Credentials."""
+        named (not `*`) and Access-Control-Allow-Credentials: without them, it goes without
+        credentials, as a browser's fetch() by default. Returns `credentials`, or `_never`
+        when the request is to go without."""
         unsafe = sorted(name.lower() for name, value in headers.items() if _unsafe(name, value))
         if method in _SIMPLE_METHODS and not unsafe:
-            return
+            return credentials
         asked = {"origin": origin, "access-control-request-method": method, "accept": "*/*"}
         if unsafe:
             asked["access-control-request-headers"] = ",".join(unsafe)
         answer = await self.fetch(url, "OPTIONS", asked, None, _never)
-        refusal = _preflight_refusal(answer, origin, method, unsafe, credentials(url))
+        if credentials(url) and not _preflight_refusal(answer, origin, method, unsafe, True):
+            return credentials
+        refusal = _preflight_refusal(answer, origin, method, unsafe, False)
         if refusal is not None:
             raise _CorsRefused(refusal)
+        return _never
 
 
 class _Skipped(Exception):
@@ -761,6 +769,21 @@ class _CorsRefused(Exception):
 
 def _never(_: str) -> bool:
     return False
+
+
+def _chain_refusal(
+    response: Response, origin: str, credentials: Callable[[str], bool]
+) -> str | None:
+    """Why `response` does not let `origin` read it, checking each answer of its redirect
+    chain as a browser checks each (None if it does); an answer that went with the crawl's
+    credentials (`credentials`) must allow them."""
+    credited = True
+    for answer in response.chain:
+        credited = credited and credentials(answer.url)
+        refusal = _cors_refusal(answer, origin, credentialed=credited)
+        if refusal is not None:
+            return refusal
+    return None
 
 
 def _cors_refusal(answer: Response, origin: str, *, credentialed: bool) -> str | None:
