@@ -437,6 +437,30 @@ async def test_a_page_with_a_link_too_long_to_queue_is_crawled_with_its_other_li
     assert stats.dead == 0
 
 
+@pytest.mark.parametrize("domains", [(), ("a.test",)])
+async def test_links_to_hosts_no_request_can_go_to_are_out_of_scope_not_a_failed_page(
+    tmp_path: Path, domains: tuple[str, ...]
+) -> None:
+    """Links to 1.2.3.4.5 or a%20b.a.test were let through by the scope (no domains, or a
+    host read loosely) and failed the page's schedule (the element's group cannot be read):
+    the page went to the dead letters, none of its links followed."""
+    bad = ["http://1.2.3.4.5/x", "http://999.999.999.999/", "http://a%20b.a.test/"]
+    site = Site(
+        name="a.test",
+        routes={
+            "/": respond(200, page_html("home", ["/ok", *bad])),
+            "/ok": respond(200, page_html("ok", [])),
+        },
+    )
+    async with SyntheticWeb([site]) as net:
+        settings = crawl_settings(net, tmp_path, scope=Scope(domains=domains))
+        stats = await Crawl(settings).run([net.url("a.test", "/")])
+    records = records_by_url(tmp_path)
+    assert sorted(records) == [net.url("a.test", p) for p in ("/", "/ok")]
+    assert [(r["status"], r["queued"]) for r in records[net.url("a.test", "/")]] == [(200, 1)]
+    assert stats.dead == 0
+
+
 async def test_a_url_a_redirect_led_to_is_free_for_another_process_of_the_crawl(
     tmp_path: Path,
 ) -> None:

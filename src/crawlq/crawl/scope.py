@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from ..errors import ConfigError, CrawlqError
 from ..grouping import url_host
@@ -35,16 +34,24 @@ class Scope:
             raise ConfigError(f"max_depth must be >= 0, got {self.max_depth}")
 
     def refusal(self, url: str) -> str | None:
-        """Why `url` is out of scope, or None if it is in."""
-        if self._domains:
-            host = _hostname(url)
-            if not self._allows(host):
-                return f"host {host} is not in the allowed domains"
+        """Why `url` is out of scope, or None if it is in. A URL whose host no request can go
+        to (1.2.3.4.5, a%20b.example.org) is not: its element could not be queued, and
+        would fail the page that found it."""
+        refused = self._refusal(url)
+        return None if refused is None else refused[1]
+
+    def _refusal(self, url: str) -> tuple[Reason, str] | None:
+        try:
+            host = url_host(url)
+        except CrawlqError as exc:
+            return Reason.BAD_RESPONSE, f"no host a request can go to: {exc}"
+        if self._domains and not self._allows(host):
+            return Reason.OUT_OF_SCOPE, f"host {host} is not in the allowed domains"
         if self._include and not any(p.search(url) for p in self._include):
-            return "matches no include pattern"
+            return Reason.OUT_OF_SCOPE, "matches no include pattern"
         for pattern in self._exclude:
             if pattern.search(url):
-                return f"matches exclude pattern {pattern.pattern!r}"
+                return Reason.OUT_OF_SCOPE, f"matches exclude pattern {pattern.pattern!r}"
         return None
 
     def _allows(self, host: str) -> bool:
@@ -58,25 +65,16 @@ class Scope:
                 return False
 
     def check(self, url: str) -> None:
-        """A fetcher hop check: raises FetchError(OUT_OF_SCOPE)."""
-        refusal = self.refusal(url)
-        if refusal is not None:
-            raise FetchError(Reason.OUT_OF_SCOPE, url, refusal)
+        """A fetcher hop check: raises FetchError(OUT_OF_SCOPE). A hop to a URL no request
+        can go to is left to the politeness, which takes it as a bad response of the page
+        whose redirect led there (`politeness.hop_host`)."""
+        refused = self._refusal(url)
+        if refused is not None and refused[0] is Reason.OUT_OF_SCOPE:
+            raise FetchError(Reason.OUT_OF_SCOPE, url, refused[1])
 
     def follows(self, depth: int) -> bool:
         """Whether links found at `depth` are followed."""
         return self.max_depth is None or depth < self.max_depth
-
-
-def _hostname(url: str) -> str:
-    try:
-        return url_host(url)  # fast for the usual URL
-    except CrawlqError:
-        pass
-    try:
-        return (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return ""
 
 
 def _compile(patterns: Iterable[str], what: str) -> tuple[re.Pattern[str], ...]:
