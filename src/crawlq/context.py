@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .observe.logs import logger, safe_key
 from .types import JSON, Claimed, Schedule, ScheduleResult
 
 if TYPE_CHECKING:
@@ -46,8 +47,8 @@ class Context:
     @functools.cached_property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
         return logging.LoggerAdapter(
-            logging.getLogger(f"crawlq.task.{self.queue}"),
-            {"queue": self.queue, "key": self.key, "attempt": self.attempt},
+            logger(f"crawlq.task.{self.queue}"),
+            {"queue": self.queue, "key": safe_key(self.key), "attempt": self.attempt},
         )
 
     @functools.cached_property

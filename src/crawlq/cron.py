@@ -24,7 +24,6 @@ same wall time on the old offset (an hour late); a time it repeats fires once.
 from __future__ import annotations
 
 import calendar
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import ConfigError
+from .observe.logs import logger
 from .types import JSON, Mode
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .context import Context
     from .tasks import Task
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 #: The field naming the task in a cron trigger element (beside its expression and zone).
 TRIGGER = "crawlq.cron"
 #: Seconds between a running worker's plantings of its cron triggers: one lost (dead-lettered

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import signal
 import sqlite3
@@ -26,11 +25,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .observe.logs import logger
+
 SUFFIX = "-writer"
 #: Seconds a writer waits for its turn before it says so (then again each as long).
 LONG_WAIT = 30.0
 
-log = logging.getLogger("crawlq.writelock")
+log = logger("crawlq.writelock")
 
 
 def open_shared(path: Path, schema: str, *, timeout: float = 30) -> sqlite3.Connection:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import errno
 import json
-import logging
 import os
 import sqlite3
 import sys
@@ -18,6 +17,7 @@ import click
 
 from .. import checks
 from ..errors import ConfigError
+from ..observe.logs import logger
 from .common import log_level_option, setup_logging
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..crawl.progress import Snapshot
     from ..retry import Retry
 
-log = logging.getLogger("crawlq.crawl")
+log = logger("crawlq.crawl")
 
 CHILD = "CRAWLQ_CRAWL_CHILD"
 #: How often a child process reports its counts to the parent.

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import email.utils
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,11 +42,12 @@ from ..backends import Backend
 from ..errors import BackendError, InvalidElement
 from ..grouping import url_host
 from ..limits import RuleIndex
+from ..observe.logs import logger
 from .errors import HOST_TROUBLE, FetchError, Reason, Throttled
 from .fetcher import Fetcher, forget_before
 from .response import Response
 
-log = logging.getLogger("crawlq.crawl")
+log = logger("crawlq.crawl")
 
 #: A 429/503 without a usable Retry-After pauses its group this long.
 DEFAULT_RETRY_AFTER = 30.0

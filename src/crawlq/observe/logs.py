@@ -187,6 +187,43 @@ def task_scope(fields: dict[str, Any]) -> Iterator[None]:
         _scope.reset(token)
 
 
+class RedactFilter(logging.Filter):
+    """Masks the credentials of a record in place (:func:`redact`), its message, traceback
+    and stack, before any handler sees it: the handlers of a program that runs crawlq, or a
+    test's, get it masked as well as crawlq's own (whose formatters mask again). A record
+    whose message cannot be built is left for the handler to report."""
+
+    _traceback = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(self._traceback.formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_REDACT = RedactFilter()
+
+
+def logger(name: str) -> logging.Logger:
+    """The logger called `name`, whose records are masked (:class:`RedactFilter`): what each
+    of crawlq's modules logs to, and a task's `ctx.log`."""
+    found = logging.getLogger(name)
+    if _REDACT not in found.filters:
+        found.addFilter(_REDACT)
+    return found
+
+
 class TaskFieldsFilter(logging.Filter):
     """Copies the running task's fields onto a record that does not carry them already."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import socket
@@ -37,11 +36,12 @@ from ..backends import Backend, base
 from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
+from ..observe.logs import logger, safe_key
 from ..tasks import Task, sync_executor
 from ..types import Claimed, ClaimResult, Failure, Schedule, WorkerInfo
 from ..wakeup import Listener
 
-log = logging.getLogger("crawlq.worker")
+log = logger("crawlq.worker")
 
 DEFAULT_CONCURRENCY = 200
 #: An idle worker still re-checks this often, in case a wake-up datagram was lost.
@@ -341,7 +341,7 @@ class Worker:
             " the queue gives it to another worker",
             self.id,
             claimed.queue,
-            claimed.key[:200],
+            safe_key(claimed.key),
             claimed.attempt,
             late,
         )
@@ -367,7 +367,10 @@ class Worker:
             # left leased, the element would come back after its lease on every worker and
             # fail the same way, never reaching its attempt limit.
             log.exception(
-                "worker %s: crawlq failed around %s %s", self.id, claimed.queue, claimed.key[:200]
+                "worker %s: crawlq failed around %s %s",
+                self.id,
+                claimed.queue,
+                safe_key(claimed.key),
             )
             error, tb = f"crawlq error: {type(exc).__name__}: {exc}", traceback.format_exc()
             try:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import logging
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-log = logging.getLogger("crawlq.supervisor")
+from ..observe.logs import logger
+
+log = logger("crawlq.supervisor")
 
 RESTART_PAUSE = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, TimeoutError
 
-log = logging.getLogger("crawlq.redis")
+from ...observe.logs import logger
+
+log = logger("crawlq.redis")
 
 
 class RedisListener:

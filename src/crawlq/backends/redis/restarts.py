@@ -19,13 +19,14 @@ half a round trip, and "now" must not land a hair in the server's future.)
 
 from __future__ import annotations
 
-import logging
 import time
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ResponseError
 
-log = logging.getLogger("crawlq.redis")
+from ...observe.logs import logger
+
+log = logger("crawlq.redis")
 
 
 #: Seconds the clocks may disagree before `now()` follows the server's.

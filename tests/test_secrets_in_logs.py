@@ -1,0 +1,94 @@
+"""No credential reaches a log line or a dead letter: not the backend's password, not one a
+task's exception quotes (a URL's userinfo, an Authorization header), not the userinfo of the
+element's own URL. On SQLite and on a Redis that wants a password."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import crawlq
+from crawlq import App, Context, Retry
+from crawlq.observe.logs import JsonFormatter, TextFormatter
+from crawlq.testing.redis_server import RedisServer
+
+REDIS_PASSWORD = "redis-pw-6c1d0e"
+URL_PASSWORD = "url-pw-93ab1f"
+BEARER = "bearer-tok-5e77c2"
+ELEMENT = f"http://ann:{URL_PASSWORD}@a.test/report?id=7"
+GUARD = 60.0  # seconds: only a failing test waits this long
+
+
+@pytest.fixture(scope="module")
+def secured_redis() -> Iterator[RedisServer]:
+    server = RedisServer(password=REDIS_PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'queue.db'}"
+    server: RedisServer = request.getfixturevalue("secured_redis")
+    assert REDIS_PASSWORD in server.url
+    return f"{server.url}?namespace=secrets-{uuid.uuid4().hex[:12]}"
+
+
+def failing_app(url: str) -> App:
+    """One task that logs its element and fails quoting the backend's URL and a header, the
+    way a client library's error does, under an error of its own."""
+    app = App(url)
+
+    @app.task(queue="reports", retry=Retry(max_attempts=1))
+    async def report(ctx: Context, element: str) -> None:
+        ctx.log.info("fetching %s", element)
+        try:
+            raise ConnectionError(f"lost {url} (sent Authorization: Bearer {BEARER})")
+        except ConnectionError as exc:
+            raise RuntimeError(f"gave up on {element}: {exc}") from exc
+
+    return app
+
+
+async def run_failing(app: App) -> None:
+    try:
+        await app.aschedule("reports", ELEMENT)
+        worker = crawlq.Worker(app, burst=True, burst_horizon=5)
+        stats = await asyncio.wait_for(worker.run(), GUARD)
+    finally:
+        await app.aclose()
+    assert stats.dead == 1
+
+
+def secrets_in(text: str) -> list[str]:
+    return [s for s in (REDIS_PASSWORD, URL_PASSWORD, BEARER) if s in text]
+
+
+async def test_log_records_of_a_failing_task_hold_no_credential(
+    backend_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The records themselves, as a handler of the program running crawlq gets them, and the
+    lines crawlq's formatters make of them (the task's key field included)."""
+    caplog.set_level(logging.DEBUG)
+    await run_failing(failing_app(backend_url))
+    records = [r for r in caplog.records if r.name.startswith("crawlq")]
+    messages = "\n".join(r.getMessage() for r in records)
+    assert "fetching http://***@a.test/report" in messages
+    assert "reports failed: RuntimeError: gave up" in messages
+    for formatter in (TextFormatter(), JsonFormatter()):
+        for record in records:
+            line = formatter.format(record)
+            assert secrets_in(line) == [], line
+    keys = [str(getattr(r, "key", "")) for r in records]
+    assert any("***@a.test" in key for key in keys)
+    assert secrets_in(messages + "\n".join(keys)) == []
+    assert secrets_in(caplog.text) == []
