@@ -5,7 +5,11 @@ element's own URL. On SQLite and on a Redis that wants a password."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +96,25 @@ async def test_log_records_of_a_failing_task_hold_no_credential(
     assert any("***@a.test" in key for key in keys)
     assert secrets_in(messages + "\n".join(keys)) == []
     assert secrets_in(caplog.text) == []
+
+
+async def test_a_dead_letter_keeps_no_credential_in_its_error_or_traceback(
+    backend_url: str,
+) -> None:
+    """`crawlq dead list --json` prints a dead letter's error and traceback as stored: they
+    were stored masked. The payload stays exact (requeueing needs it)."""
+    await run_failing(failing_app(backend_url))
+    listed = subprocess.run(
+        [sys.executable, "-m", "crawlq", "dead", "list", "reports", "--json"],
+        env={**os.environ, "CRAWLQ_BACKEND": backend_url},
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+        check=True,
+    )
+    (letter,) = json.loads(listed.stdout)
+    assert json.loads(letter["payload"]) == ELEMENT
+    assert "ConnectionError: lost" in letter["traceback"]
+    assert "Authorization: Bearer ***" in letter["traceback"]
+    assert secrets_in(letter["error"] + letter["traceback"]) == []
+    assert secrets_in(listed.stderr) == []

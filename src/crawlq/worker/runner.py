@@ -36,7 +36,7 @@ from ..backends import Backend, base
 from ..context import Context
 from ..errors import BackendError, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
-from ..observe.logs import logger, safe_key
+from ..observe.logs import logger, redact, safe_key
 from ..tasks import Task, sync_executor
 from ..types import Claimed, ClaimResult, Failure, Schedule, WorkerInfo
 from ..wakeup import Listener
@@ -440,9 +440,13 @@ class Worker:
             return "done"
 
     def _fail(self, claimed: Claimed, error: str, tb: str, retry_at: float | None) -> None:
-        self._failures.append(
-            Failure(element=claimed, error=error, traceback=tb, retry_at=retry_at)
+        # Masked as stored: the error and traceback of an exception may quote a credential
+        # (a URL's, a header's), and every reader of the queue shows them (crawlq dead
+        # --json, the dashboard, the API); the element's own payload is kept as given.
+        failure = Failure(
+            element=claimed, error=redact(error), traceback=redact(tb), retry_at=retry_at
         )
+        self._failures.append(failure)
         self.stats.failed += 1
         if retry_at is None:
             self.stats.dead += 1
@@ -540,7 +544,7 @@ class Worker:
                 self._stop.set()
                 self._hurry.set()
         lost = self._outputs_lost
-        error = f"crawlq error: outputs not on disk: {type(lost).__name__}: {lost}"
+        error = redact(f"crawlq error: outputs not on disk: {type(lost).__name__}: {lost}")
         failed = [
             Failure(element=c, error=error, retry_at=self._retry_at(backend, c)) for c in acks
         ]
