@@ -151,6 +151,33 @@ async def test_a_proxys_credentials_and_a_urls_stay_out_of_error_messages(
     assert URL_PASSWORD not in message and PROXY_PASSWORD not in message
 
 
+async def test_response_headers_named_as_secrets_are_masked_in_the_warc(tmp_path: Path) -> None:
+    """A site (an API's login, a session refresh) may answer with its token in a header of
+    its own: X-Auth-Token, X-Subject-Token. The WARC kept it as sent."""
+    sent = {
+        "X-Auth-Token": TOKEN,
+        "X-Subject-Token": PASSWORD,
+        "Set-Cookie2": f"session={URL_PASSWORD}; Version=1",
+        "WWW-Authenticate": 'Bearer realm="api"',
+        "X-Request-Id": "req-17",
+    }
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=page_html("p", []), content_type="text/html", headers=sent)
+
+    async with SyntheticWeb([Site(name="api.test")]) as net:
+        net.sites["api.test"].routes["/p"] = page
+        await Crawl(crawl_settings(net, tmp_path)).run([net.url("api.test", "/p")])
+    written = everything_written(tmp_path)
+    assert b"X-Auth-Token: [redacted]\r\n" in written
+    assert b"X-Subject-Token: [redacted]\r\n" in written
+    assert b"Set-Cookie2: session=[redacted]; Version=1\r\n" in written
+    assert b'WWW-Authenticate: Bearer realm="api"\r\n' in written  # a challenge: kept
+    assert b"X-Request-Id: req-17\r\n" in written
+    for secret in (TOKEN, PASSWORD, URL_PASSWORD):
+        assert secret.encode() not in written, secret
+
+
 def test_redaction_of_urls_texts_and_headers() -> None:
     assert redact_url("http://ann:pw@a.test:8080/x?y=1") == "http://***@a.test:8080/x?y=1"
     assert redact_url("https://token@a.test/") == "https://***@a.test/"
@@ -167,6 +194,8 @@ def test_redaction_of_urls_texts_and_headers() -> None:
     assert redact_header("Proxy-Authorization", "opaque") == "[redacted]"
     assert redact_header("Location", "http://u:p@a.test/") == "http://***@a.test/"
     assert redact_header("Content-Type", "text/html") == "text/html"
+    assert redact_header("X-Api-Key", "k-1") == redact_header("x-session-id", "s") == "[redacted]"
+    assert redact_header("Accept-Signature", "sig=x") == "sig=x"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,10 @@ error messages (and so the logs and dead letters that quote them).
   (still a valid URL), in a URL and in any text that quotes one;
 - headers in WARC records: the values of Authorization, Proxy-Authorization and Cookie, and
   of Set-Cookie (the session a login opens is as good as the password while it lasts, and a
-  WARC is kept and shared long after: the cookie's name and attributes stay, its value goes).
+  WARC is kept and shared long after: the cookie's name and attributes stay, its value goes),
+  and of every header named as a secret (`secret_header`: X-Auth-Token, X-Subject-Token, an
+  API's session header). What is a secret by its name is told by `secret_name`, the one
+  list of words the logs mask by too.
 
 The crawler sends no request record to the WARC files, so the requests' own headers (the
 cookies and credentials it sends) are written nowhere. In memory, responses and the queue
@@ -16,11 +19,15 @@ from __future__ import annotations
 
 import re
 
-from ..observe.logs import redact, redact_userinfo
+from ..observe.logs import redact, redact_userinfo, secret_name
 
 REDACTED = "[redacted]"
-#: Headers whose values are credentials.
-SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
+#: Headers whose values are credentials, whatever `secret_name` says of their names.
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "set-cookie2"}
+)
+#: Named like secrets, but no credential: how to log in (a challenge).
+_CHALLENGES = frozenset({"www-authenticate", "proxy-authenticate"})
 
 #: A cookie's value in Cookie (a=1; b=2) and Set-Cookie (a=1; Path=/: only the first).
 _COOKIE_VALUE = re.compile(r"(?P<name>(?:^|;)\s*[^=;\s]+=)[^;]*")
@@ -32,16 +39,28 @@ redact_url = redact_userinfo
 redact_text = redact
 
 
+def secret_header(name: str) -> bool:
+    """Whether a header called `name` carries a credential: one of SECRET_HEADERS, or named
+    as a secret (`secret_name`: X-Api-Key, X-Auth-Token, X-Session-Id); not an Accept-*
+    header (it asks for something: Accept-Signature) nor a challenge (WWW-Authenticate)."""
+    lowered = name.lower()
+    if lowered in SECRET_HEADERS:
+        return True
+    return not lowered.startswith("accept-") and lowered not in _CHALLENGES and secret_name(lowered)
+
+
 def redact_header(name: str, value: str) -> str:
     """A header's value as a WARC record may keep it."""
     lowered = name.lower()
-    if lowered == "set-cookie":
+    if lowered in ("set-cookie", "set-cookie2"):
         return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value, count=1)
     if lowered == "cookie":
         return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value)
     if lowered in SECRET_HEADERS:  # Authorization: keep the scheme (Basic, Bearer...)
         scheme, _, credentials = value.strip().partition(" ")
         return f"{scheme} {REDACTED}" if credentials else REDACTED
+    if secret_header(lowered):
+        return REDACTED
     if lowered in ("location", "content-location", "refresh", "link"):
         return redact_text(value)
     return value

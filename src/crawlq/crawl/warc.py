@@ -8,7 +8,7 @@ ASCII. A page a browser rendered has a `conversion` record besides: its DOM once
 as UTF-8 HTML, for the document's URL (`Rendition`). Each record is built in memory first,
 so one that cannot be written leaves nothing behind in the file and fails alone. Credentials
 are left out (redact.py): the userinfo of WARC-Target-URI, and the values of Set-Cookie,
-Cookie and Authorization headers.
+Cookie and Authorization headers and of every header named as a secret (X-Auth-Token).
 
 A record is read back (`read_record`, `read_rendition`) whole or not at all: one whose file is
 missing, cut off (a kill in the middle of its write, a damaged disk) or holds something else
