@@ -14,17 +14,22 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
+from crawlq.backends import open_backend
+from crawlq.crawl import progress
+from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl, CrawlSettings
 from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher, Login, Session
 from crawlq.crawl.records import read_records
 from crawlq.crawl.redact import redact_header, redact_text, redact_url
 from crawlq.crawl.scope import Scope
+from crawlq.crawl.settings import FetchSettings
 from crawlq.crawl.store import WarcStore
 from crawlq.crawl.testing import ForwardProxy, Site, SyntheticWeb
 from crawlq.crawl.testing.sites import page_html
+from crawlq.errors import ConfigError
 from crawlq.observe.logs import redact, redact_userinfo
 
+from ..helpers import config, schedule
 from .conftest import crawl_settings, fetch_settings
 
 PASSWORD = "hunter2-form-secret"
@@ -176,6 +181,37 @@ async def test_response_headers_named_as_secrets_are_masked_in_the_warc(tmp_path
     assert b"X-Request-Id: req-17\r\n" in written
     for secret in (TOKEN, PASSWORD, URL_PASSWORD):
         assert secret.encode() not in written, secret
+
+
+def test_a_proxys_credentials_stay_out_of_the_settings_errors_and_repr() -> None:
+    """FetchSettings is a dataclass: its repr (logged, shown with a traceback's locals) held
+    the proxies as given, and so did the error of one that is not http(s)."""
+    settings = FetchSettings(proxies=(f"http://px:{PROXY_PASSWORD}@127.0.0.1:3128",))
+    assert "proxies=('http://***@127.0.0.1:3128',)" in repr(settings)
+    assert PROXY_PASSWORD not in repr(CrawlSettings(out=Path("out"), fetch=settings))
+    with pytest.raises(ConfigError) as caught:
+        FetchSettings(proxies=(f"socks5://px:{PROXY_PASSWORD}@127.0.0.1:1080",))
+    assert "'socks5://***@127.0.0.1:1080'" in str(caught.value)
+    assert PROXY_PASSWORD not in str(caught.value)
+
+
+async def test_the_progress_line_masks_a_block_reason(tmp_path: Path) -> None:
+    """A reason is anyone's text (`crawlq limits block --reason`); `crawlq stats` and the
+    dashboard masked it, the progress line of `crawlq crawl` showed it as stored."""
+    crawl = Crawl(CrawlSettings(out=tmp_path))
+    backend = open_backend(f"sqlite:///{tmp_path / 'queue.db'}")
+    await backend.open()
+    try:
+        await backend.ensure_queues([config(crawl.settings.queue)])
+        await schedule(backend, crawl.settings.queue, [{"url": "http://a.test/", "depth": 0}])
+        await backend.block_group(
+            "a.test", backend.now() + 600, f"waiting for a new key: token={TOKEN}"
+        )
+        line = progress.render(await progress.snapshot(crawl, backend))
+    finally:
+        await backend.close()
+    assert "throttled: a.test 600s (waiting for a new key: token=***)" in line
+    assert TOKEN not in line
 
 
 def test_redaction_of_urls_texts_and_headers() -> None:

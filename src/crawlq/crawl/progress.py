@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ..backends import Backend
+from ..observe.logs import redact
 from ..types import GroupStats
 from .crawler import Crawl
 
@@ -37,7 +38,8 @@ def render(snapshot: Snapshot) -> str:
     )
     if snapshot.throttled:
         shown = [
-            f"{g.name} {max(0.0, (g.blocked_until or 0) - snapshot.now):.0f}s ({g.block_reason})"
+            f"{g.name} {max(0.0, (g.blocked_until or 0) - snapshot.now):.0f}s"
+            f" ({redact(g.block_reason or '')})"
             for g in snapshot.throttled[:MAX_THROTTLED_SHOWN]
         ]
         more = len(snapshot.throttled) - MAX_THROTTLED_SHOWN

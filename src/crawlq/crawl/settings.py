@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..errors import ConfigError
+from ..observe.logs import redact
 
 DEFAULT_USER_AGENT = "crawlq/0.1 (+https://github.com/crawlq/crawlq)"
 
@@ -53,6 +54,12 @@ class FetchSettings:
     max_crawl_delay: float = 60.0
     allow_networks: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        """A dataclass's repr, the proxies' credentials masked: settings get logged, and
+        shown with a traceback's locals."""
+        shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return redact(f"{type(self).__name__}({shown})")
+
     def __post_init__(self) -> None:
         if self.max_redirects < 0:
             raise ConfigError(f"max_redirects must be >= 0, got {self.max_redirects}")
@@ -69,4 +76,4 @@ class FetchSettings:
                 raise ConfigError(f"allow_networks: {network!r} is not a CIDR block") from None
         for proxy in self.proxies:
             if not proxy.startswith(("http://", "https://")):
-                raise ConfigError(f"proxy {proxy!r} must be an http:// or https:// URL")
+                raise ConfigError(f"proxy {redact(proxy)!r} must be an http:// or https:// URL")
