@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -118,3 +119,35 @@ async def test_a_dead_letter_keeps_no_credential_in_its_error_or_traceback(
     assert "Authorization: Bearer ***" in letter["traceback"]
     assert secrets_in(letter["error"] + letter["traceback"]) == []
     assert secrets_in(listed.stderr) == []
+
+
+def test_crawlq_check_names_a_broken_element_without_its_credentials(tmp_path: Path) -> None:
+    """A broken invariant is reported with the element's key, which quotes its URL."""
+    url = f"sqlite:///{tmp_path / 'queue.db'}"
+
+    async def fill() -> None:
+        app = App(url)
+        app.task(queue="reports")(report_task)
+        try:
+            await app.aschedule("reports", ELEMENT)
+        finally:
+            await app.aclose()
+
+    asyncio.run(fill())
+    with sqlite3.connect(tmp_path / "queue.db") as db:  # a lease on a queued element
+        assert db.execute("UPDATE elements SET lease_until = 1").rowcount == 1
+    checked = subprocess.run(
+        [sys.executable, "-m", "crawlq", "check"],
+        env={**os.environ, "CRAWLQ_BACKEND": url},
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+    )
+    assert checked.returncode == 1, checked.stderr
+    assert "http://***@a.test/report?id=7" in checked.stdout
+    assert "lease disagree" in checked.stdout
+    assert secrets_in(checked.stdout + checked.stderr) == []
+
+
+async def report_task(ctx: Context, element: str) -> None:
+    pass

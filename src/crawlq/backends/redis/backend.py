@@ -733,8 +733,9 @@ class RedisBackend:
         return sorted(found, key=lambda e: (e.queue, e.key))  # as SQLite lists them
 
     async def check(self) -> list[str]:
-        """Every broken internal invariant (empty when consistent); run on a quiet queue."""
-        return await check(self.client, self.prefix, self.now())
+        """Every broken internal invariant (empty when consistent); run on a quiet queue.
+        Credentials masked: a problem names its element's key."""
+        return [redact(problem) for problem in await check(self.client, self.prefix, self.now())]
 
     # -- dead letters -------------------------------------------------------------------------
 

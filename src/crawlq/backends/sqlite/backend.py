@@ -16,6 +16,7 @@ from typing import ParamSpec, TypeVar
 from ...errors import BackendError, ConfigError
 from ...groupcommit import GroupCommit
 from ...limits import checked_crawl_delays
+from ...observe.logs import redact
 from ...types import (
     Claimed,
     ClaimResult,
@@ -264,7 +265,8 @@ class SQLiteBackend:
         return await self._call(self.engine.worker_elements, worker_id, limit)
 
     async def check(self) -> list[str]:
-        return await self._call(self.engine.check)
+        """Every broken internal invariant, credentials masked (a problem names its key)."""
+        return [redact(problem) for problem in await self._call(self.engine.check)]
 
     async def dead_letters(
         self, queue: str, *, limit: int = 100, offset: int = 0
