@@ -9,6 +9,8 @@ import gzip
 import logging
 import random
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,16 @@ async def test_response_headers_named_as_secrets_are_masked_in_the_warc(tmp_path
     assert b"X-Request-Id: req-17\r\n" in written
     for secret in (TOKEN, PASSWORD, URL_PASSWORD):
         assert secret.encode() not in written, secret
+    missing = f"http://ann:{URL_PASSWORD}@api.test:1/none"
+    got = subprocess.run(
+        [sys.executable, "-m", "crawlq", "warc", "get", str(tmp_path), missing],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 1
+    assert "no stored response for http://***@api.test:1/none" in got.stderr
+    assert URL_PASSWORD not in got.stdout + got.stderr
 
 
 def test_a_proxys_credentials_stay_out_of_the_settings_errors_and_repr() -> None:

@@ -12,7 +12,7 @@ import click
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
 from ..crawl.warc_check import CheckReport, check, warc_directory, warc_files
-from ..observe.logs import printable
+from ..observe.logs import printable, redact
 from .common import Group, run
 
 #: The stale rows listed one by one; past this many, only how many more.
@@ -77,7 +77,8 @@ def warc_get(path: Path, url: str, head: bool) -> None:
 
     response = run(latest)
     if response is None:
-        raise click.ClickException(f"no stored response for {printable(url, one_line=True)}")
+        shown = printable(redact(url), one_line=True)
+        raise click.ClickException(f"no stored response for {shown}")
     if head:
         fetched = datetime.fromtimestamp(response.fetched_at, UTC).isoformat()
         click.echo(f"{response.status} {printable(response.url, one_line=True)}")
