@@ -4,13 +4,16 @@ files or their index, not in pages.jsonl, not in the logs."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import logging
+import os
 import random
 import re
 import subprocess
 import sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import pytest
@@ -193,6 +196,35 @@ async def test_response_headers_named_as_secrets_are_masked_in_the_warc(tmp_path
     assert got.returncode == 1
     assert "no stored response for http://***@api.test:1/none" in got.stderr
     assert URL_PASSWORD not in got.stdout + got.stderr
+
+
+async def test_crawl_takes_its_proxies_from_the_environment(tmp_path: Path) -> None:
+    """--proxy URL put the proxy's password on the command line of the crawl and of each
+    of its --processes children, which any user of the machine can read (ps); CRAWLQ_PROXY
+    keeps it out, as CRAWLQ_BACKEND does a Redis password."""
+    async with SyntheticWeb([Site(name="a.test")]) as net, ForwardProxy(net.resolve) as proxy:
+        net.sites["a.test"].routes["/p"] = page_routes_one
+        proxy_url = proxy.url.replace("http://", f"http://px:{PROXY_PASSWORD}@")
+        env = {**os.environ, "CRAWLQ_PROXY": f"{proxy_url} {proxy_url}"}
+        command = [sys.executable, "-m", "crawlq", "crawl", net.url("a.test", "/p")]
+        command += ["--out", str(tmp_path), "--resolve", f"a.test={net.addresses['a.test']}"]
+        command += ["--resolve-only", "--allow-network", "127.0.0.0/8", "--no-progress"]
+        command += ["--log-level", "debug", "--processes", "2"]
+        crawl = await asyncio.create_subprocess_exec(*command, env=env, stdout=PIPE, stderr=PIPE)
+        out, err = await asyncio.wait_for(crawl.communicate(), 60)
+        shown = await asyncio.create_subprocess_exec(
+            *command[:4], "--help", env=env, stdout=PIPE, stderr=PIPE
+        )
+        help_text, _ = await asyncio.wait_for(shown.communicate(), 60)
+    assert crawl.returncode == 0, err.decode()
+    assert net.url("a.test", "/p") in proxy.requests
+    assert b"[env var:" in help_text and b"CRAWLQ_PROXY]" in help_text
+    for text in (out, err, help_text):
+        assert PROXY_PASSWORD.encode() not in text
+
+
+async def page_routes_one(request: web.Request) -> web.StreamResponse:
+    return web.Response(text=page_html("p", []), content_type="text/html")
 
 
 def test_a_proxys_credentials_stay_out_of_the_settings_errors_and_repr() -> None:

@@ -117,7 +117,15 @@ def _resolve_map(pairs: tuple[str, ...]) -> dict[str, str]:
     metavar="CIDR",
     help="Let requests reach this private or loopback network (repeatable); refused otherwise.",
 )
-@click.option("--proxy", "proxies", multiple=True, help="Egress proxy; several rotate.")
+@click.option(
+    "--proxy",
+    "proxies",
+    multiple=True,
+    envvar="CRAWLQ_PROXY",
+    show_envvar=True,
+    help="Egress proxy; several rotate (in the env variable, space-separated: what it holds"
+    " stays out of the command line, which other users of the machine can read).",
+)
 @click.option(
     "--ca-file",
     type=click.Path(exists=True, dir_okay=False),
