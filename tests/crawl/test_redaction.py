@@ -227,6 +227,31 @@ async def page_routes_one(request: web.Request) -> web.StreamResponse:
     return web.Response(text=page_html("p", []), content_type="text/html")
 
 
+async def test_a_responses_repr_shows_no_cookie_nor_password() -> None:
+    """A task logs a response, or a test prints one: the dataclass's repr wrote its headers
+    (the session a login opened, in Set-Cookie), the URL's user:password and its body."""
+
+    async def start(request: web.Request) -> web.StreamResponse:
+        answer = web.Response(status=302, headers={"Location": "/in"})
+        answer.set_cookie("session", TOKEN)
+        return answer
+
+    async def inside(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=f"<p>{PASSWORD}</p>", content_type="text/html")
+
+    async with SyntheticWeb([Site(name="a.test")]) as net:
+        net.sites["a.test"].routes.update({"/start": start, "/in": inside})
+        async with Fetcher(fetch_settings(net)) as fetcher:
+            seed = net.url("a.test", "/start").replace("http://", f"http://ann:{URL_PASSWORD}@")
+            response = await fetcher.fetch(seed)
+    assert response.status == 200 and response.history[0].header("Set-Cookie")
+    shown = repr(response)
+    assert shown.startswith("<Response 200 http://") and "after 1 redirect)" in shown
+    assert repr(response.history[0]).startswith("<Response 302 http://***@a.test:")
+    for secret in (TOKEN, PASSWORD, URL_PASSWORD):
+        assert secret not in shown + repr(response.history[0]), secret
+
+
 def test_a_proxys_credentials_stay_out_of_the_settings_errors_and_repr() -> None:
     """FetchSettings is a dataclass: its repr (logged, shown with a traceback's locals) held
     the proxies as given, and so did the error of one that is not http(s)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..observe.logs import redact
 from .decoding import decode_text
 
 _CHARSET = re.compile(r"charset\s*=\s*[\"']?([A-Za-z0-9._:-]+)", re.IGNORECASE)
@@ -28,6 +29,14 @@ class Response:
     fetched_at: float
     elapsed: float
     history: tuple[Response, ...] = ()
+
+    def __repr__(self) -> str:
+        """Short, and without credentials: a response gets logged, and shown in tracebacks
+        and test failures, where a dataclass's repr wrote every header (Set-Cookie's session
+        included), the URL's user:password and the whole body."""
+        count = len(self.history)
+        hops = f", after {count} redirect{'s' if count > 1 else ''}" if count else ""
+        return f"<Response {self.status} {redact(self.url)} ({len(self.body)} bytes{hops})>"
 
     def header(self, name: str) -> str | None:
         wanted = name.lower()
