@@ -291,6 +291,8 @@ def test_redaction_of_urls_texts_and_headers() -> None:
         "see http://***@a.test/ and https://***@b.test/x"
     )
     assert redact_text("mail bob@example.org") == "mail bob@example.org"
+    for prose in ("no cookie, so it logs in", "missing authorization, retried"):
+        assert redact_text(prose) == prose
     assert redact_header("Set-Cookie", "sid=abc; Path=/; HttpOnly") == (
         "sid=[redacted]; Path=/; HttpOnly"
     )
@@ -324,6 +326,13 @@ def test_redaction_of_urls_texts_and_headers() -> None:
         ('{"password": "P\\"W", "u": 1}', '{"password": "***", "u": 1}'),
         ("password=PW at the start", "password=*** at the start"),
         ("Cookie: sid=P'W\nnext", "Cookie: ***\nnext"),
+        # headers as a list of pairs (list(response.headers), a Response's old repr)
+        (
+            "[('Set-Cookie', 'sid=PW; Path=/'), ('Vary', 'Accept')]",
+            "[('Set-Cookie', '***'), ('Vary', 'Accept')]",
+        ),
+        ("(('X-Api-Key', 'PW'),)", "(('X-Api-Key', '***'),)"),
+        ('[["Proxy-Authorization", "Basic PW"]]', '[["Proxy-Authorization", "Basic ***"]]'),
     ],
 )
 def test_secrets_by_name_and_in_headers_are_masked(text: str, masked: str | None) -> None:

@@ -63,16 +63,19 @@ _SECRET_WORDS = (
 #: author=...).
 _SECRET_NAMES = frozenset({"pwd", "pass", "key", "sig", "sid", "auth"})
 _NAME_WORDS = re.compile(r"[-_.]")
-#: Cookies and API keys in headers written out, to the end of the line (or of the quotes).
+#: Cookies and API keys in headers written out, to the end of the line (or of the quotes):
+#: `Cookie: a=1`, a dict's `'Cookie': 'a=1'`, a pair's `('Cookie', 'a=1')` (a list of headers).
 _SECRET_HEADER = re.compile(
     r"(?P<name>\b(?:set-cookie|cookie|x-api-key|api-key|x-auth-token)"
-    r"(?P<q>[\"'])?\s*:\s*(?(q)[\"']?))"
+    r"(?P<q>[\"'])?\s*(?(q)[:,]|:)\s*(?(q)[\"']?))"
     r"(?(q)[^\r\n\"']+|[^\r\n]+)",  # a quoted one (a dict's) to its quote
     re.IGNORECASE,
 )
 #: Authorization headers written out: Authorization: Bearer abc, Proxy-Authorization: Basic ...
+#: (and as a dict's or a pair's, quoted).
 _AUTH_HEADER = re.compile(
-    r"(?P<name>authorization[\"']?\s*[:=]\s*[\"']?(?:(?:basic|bearer|digest|token)\s+)?)"
+    r"(?P<name>authorization(?:[\"']?\s*[:=]|[\"']\s*,)\s*[\"']?"
+    r"(?:(?:basic|bearer|digest|token)\s+)?)"
     r"[^\s\"',]+",
     re.IGNORECASE,
 )
@@ -87,6 +90,7 @@ def redact(text: str) -> str:
     text = redact_userinfo(text)
     if "=" in text or ":" in text:
         text = _NAMED_VALUE.sub(_masked_value, text)
+    if "=" in text or ":" in text or "," in text:
         text = _SECRET_HEADER.sub(lambda m: m.group("name") + MASK, text)
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH_HEADER.sub(lambda m: m.group("name") + MASK, text)
