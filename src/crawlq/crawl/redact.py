@@ -7,8 +7,8 @@ error messages (and so the logs and dead letters that quote them).
   of Set-Cookie (the session a login opens is as good as the password while it lasts, and a
   WARC is kept and shared long after: the cookie's name and attributes stay, its value goes),
   and of every header named as a secret (`secret_header`: X-Auth-Token, X-Subject-Token, an
-  API's session header). What is a secret by its name is told by `secret_name`, the one
-  list of words the logs mask by too.
+  API's session header). Which names are secrets is told in observe/logs.py, the one list
+  the logs and every other output mask by too.
 
 The crawler sends no request record to the WARC files, so the requests' own headers (the
 cookies and credentials it sends) are written nowhere. In memory, responses and the queue
@@ -19,16 +19,9 @@ from __future__ import annotations
 
 import re
 
-from ..observe.logs import redact, redact_userinfo, secret_name
+from ..observe.logs import SECRET_HEADERS, redact, redact_userinfo, secret_header
 
 REDACTED = "[redacted]"
-#: Headers whose values are credentials, whatever `secret_name` says of their names.
-SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "cookie", "set-cookie", "set-cookie2"}
-)
-#: Named like secrets, but no credential: how to log in (a challenge).
-_CHALLENGES = frozenset({"www-authenticate", "proxy-authenticate"})
-
 #: A cookie's value in Cookie (a=1; b=2) and Set-Cookie (a=1; Path=/: only the first).
 _COOKIE_VALUE = re.compile(r"(?P<name>(?:^|;)\s*[^=;\s]+=)[^;]*")
 
@@ -37,16 +30,6 @@ _COOKIE_VALUE = re.compile(r"(?P<name>(?:^|;)\s*[^=;\s]+=)[^;]*")
 redact_url = redact_userinfo
 #: Every credential in `text` masked (error messages quote URLs, headers, forms).
 redact_text = redact
-
-
-def secret_header(name: str) -> bool:
-    """Whether a header called `name` carries a credential: one of SECRET_HEADERS, or named
-    as a secret (`secret_name`: X-Api-Key, X-Auth-Token, X-Session-Id); not an Accept-*
-    header (it asks for something: Accept-Signature) nor a challenge (WWW-Authenticate)."""
-    lowered = name.lower()
-    if lowered in SECRET_HEADERS:
-        return True
-    return not lowered.startswith("accept-") and lowered not in _CHALLENGES and secret_name(lowered)
 
 
 def redact_header(name: str, value: str) -> str:

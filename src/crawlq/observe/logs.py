@@ -71,6 +71,14 @@ _SECRET_HEADER = re.compile(
     r"(?(q)[^\r\n\"']+|[^\r\n]+)",  # a quoted one (a dict's) to its quote
     re.IGNORECASE,
 )
+#: Any other header written out whose name says it is a secret (`secret_header`):
+#: X-Subject-Token: abc, 'X-Session-Id': 'abc'. A name of two words or more, so that prose
+#: (key: value) is left alone; the Authorization ones are _AUTH_HEADER's (it keeps the scheme).
+_NAMED_HEADER = re.compile(
+    r"(?P<name>(?<![\w-])(?P<header>[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)"
+    r"(?P<q>[\"'])?\s*(?(q)[:,]|:)\s*(?(q)[\"']?))"
+    r"(?P<value>(?(q)[^\r\n\"']+|[^\r\n]+))"
+)
 #: Authorization headers written out: Authorization: Bearer abc, Proxy-Authorization: Basic ...
 #: (and as a dict's or a pair's, quoted).
 _AUTH_HEADER = re.compile(
@@ -92,6 +100,8 @@ def redact(text: str) -> str:
         text = _NAMED_VALUE.sub(_masked_value, text)
     if "=" in text or ":" in text or "," in text:
         text = _SECRET_HEADER.sub(lambda m: m.group("name") + MASK, text)
+        if "-" in text:
+            text = _NAMED_HEADER.sub(_masked_header, text)
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH_HEADER.sub(lambda m: m.group("name") + MASK, text)
     return text
@@ -106,12 +116,37 @@ def _masked_value(match: re.Match[str]) -> str:
     return f"{match.group(f'{kind}head')}{quote}{MASK}{quote}"
 
 
+def _masked_header(match: re.Match[str]) -> str:
+    header = match.group("header").lower()
+    if "authorization" in header or not secret_header(header) or match.group("value") == MASK:
+        return match.group(0)
+    return match.group("name") + MASK
+
+
 def secret_name(name: str) -> bool:
     """Whether a parameter, field or header called `name` holds a secret by its name."""
     lowered = name.lower()
     return any(word in lowered for word in _SECRET_WORDS) or not _SECRET_NAMES.isdisjoint(
         _NAME_WORDS.split(lowered)
     )
+
+
+#: Headers whose values are credentials, whatever `secret_name` says of their names.
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "set-cookie", "set-cookie2"}
+)
+#: Named like secrets, but no credential: how to log in (a challenge).
+_CHALLENGES = frozenset({"www-authenticate", "proxy-authenticate"})
+
+
+def secret_header(name: str) -> bool:
+    """Whether a header called `name` carries a credential: one of SECRET_HEADERS, or named
+    as a secret (`secret_name`: X-Api-Key, X-Auth-Token, X-Session-Id); not an Accept-*
+    header (it asks for something: Accept-Signature) nor a challenge (WWW-Authenticate)."""
+    lowered = name.lower()
+    if lowered in SECRET_HEADERS:
+        return True
+    return not lowered.startswith("accept-") and lowered not in _CHALLENGES and secret_name(lowered)
 
 
 def redact_userinfo(text: str) -> str:
