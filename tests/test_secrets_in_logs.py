@@ -134,8 +134,12 @@ def test_crawlq_check_names_a_broken_element_without_its_credentials(tmp_path: P
             await app.aclose()
 
     asyncio.run(fill())
-    with sqlite3.connect(tmp_path / "queue.db") as db:  # a lease on a queued element
-        assert db.execute("UPDATE elements SET lease_until = 1").rowcount == 1
+    db = sqlite3.connect(tmp_path / "queue.db")
+    try:
+        with db:  # a lease on a queued element
+            assert db.execute("UPDATE elements SET lease_until = 1").rowcount == 1
+    finally:
+        db.close()
     checked = subprocess.run(
         [sys.executable, "-m", "crawlq", "check"],
         env={**os.environ, "CRAWLQ_BACKEND": url},
