@@ -21,6 +21,7 @@ import crawlq
 from crawlq import App, Context, Retry
 from crawlq.observe.logs import JsonFormatter, TextFormatter
 from crawlq.testing.redis_server import RedisServer
+from crawlq.types import Failure
 
 REDIS_PASSWORD = "redis-pw-6c1d0e"
 URL_PASSWORD = "url-pw-93ab1f"
@@ -155,3 +156,24 @@ def test_crawlq_check_names_a_broken_element_without_its_credentials(tmp_path: P
 
 async def report_task(ctx: Context, element: str) -> None:
     pass
+
+
+async def test_a_dead_letter_stored_unmasked_is_read_masked(backend_url: str) -> None:
+    """Letters stored before workers masked them (or by a program of its own calling
+    `fail`) hold what the task raised: the backends mask them as they read them."""
+    app = App(backend_url)
+    app.task(queue="reports", retry=Retry(max_attempts=1))(report_task)
+    try:
+        await app.aschedule("reports", ELEMENT)
+        backend = await app.backend()
+        claimed = (await backend.claim(["reports"], worker="old", limit=1, lease=60)).elements
+        raw = f"lost {backend_url} (sent Authorization: Bearer {BEARER})"
+        await backend.fail([Failure(element=claimed[0], error=raw, traceback=raw)])
+        (letter,) = await backend.dead_letters("reports")
+        found = await backend.element("reports", claimed[0].key)
+    finally:
+        await app.aclose()
+    assert letter.error == letter.traceback
+    assert "Authorization: Bearer ***" in letter.error
+    assert secrets_in(letter.error) == []
+    assert found is not None and found.dead is not None and found.dead.error == letter.error

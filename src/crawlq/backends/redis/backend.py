@@ -788,7 +788,9 @@ class RedisBackend:
 
 
 def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[list[Any]]]:
-    """A stored dead letter (lua/common.lua, `x`) and the history it keeps."""
+    """A stored dead letter (lua/common.lua, `x`) and the history it keeps; credentials in
+    the error and traceback masked (workers store them masked, but not the letters stored
+    before they did)."""
     payload, group, attempts, error, tb, died, _, history, *_ = _unpacked(raw)  # priority
     letter = DeadLetter(
         queue=queue,
@@ -796,8 +798,8 @@ def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[lis
         payload=key if payload is False else payload,
         group=group,
         attempts=attempts,
-        error=error,
-        traceback=tb,
+        error=redact(error) if error else error,
+        traceback=redact(tb) if tb else tb,
         died_at=died,
     )
     return letter, history

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from ...errors import UnknownQueue
 from ...identity import key_hash
 from ...limits import UNLIMITED, at_least, is_exact, merged, resolve_indexed
+from ...observe.logs import redact
 from ...types import (
     NEVER,
     Attempt,
@@ -90,7 +91,8 @@ def attempts_of(history: str | None) -> tuple[Attempt, ...]:
 
 def _dead_letter(queue: str, row: Sequence[Any]) -> DeadLetter:
     """A row of `dead_list` or `dead_by_key` (key, payload, group, attempts, error, traceback,
-    died at) as a DeadLetter."""
+    died at) as a DeadLetter; credentials in the error and traceback masked (workers store
+    them masked, but not the letters stored before they did)."""
     key, payload, group, attempts, error, tb, died = row
     return DeadLetter(
         queue=queue,
@@ -98,8 +100,8 @@ def _dead_letter(queue: str, row: Sequence[Any]) -> DeadLetter:
         payload=payload,
         group=group,
         attempts=attempts,
-        error=error,
-        traceback=tb,
+        error=redact(error) if error else error,
+        traceback=redact(tb) if tb else tb,
         died_at=died,
     )
 
