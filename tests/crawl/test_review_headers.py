@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher, credential
 from crawlq.crawl.testing import Site, SyntheticWeb, redirect
 from crawlq.observe.logs import redact, secret_name
@@ -70,3 +71,20 @@ def test_logs_mask_what_the_fetcher_keeps_from_another_origin() -> None:
     kept = "https://a.test/?author=x&keyword=k&monkey=m&bypass=b&q=tokenless"
     assert redact(kept) == kept
     assert all(secret_name(name) for name in SECRETS)
+
+
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_body_is_never_sent_again_to_another_origin(net: SyntheticWeb, status: int) -> None:
+    """A 307 or 308 sends the request's body again; a login form's password cannot be taken
+    out of it as a header can: a redirect of a POST to another origin is a bad answer, and
+    the body goes no further. To the same origin, it goes on."""
+    net.sites["a.test"].routes["/login"] = redirect(net.url("b.test", "/collect"), status)
+    net.sites["a.test"].routes["/again"] = redirect("/page/0", status)
+    async with Fetcher(fetch_settings(net)) as fetcher:
+        with pytest.raises(FetchError) as refused:
+            await fetcher.fetch(net.url("a.test", "/login"), method="POST", data=b"password=pw")
+        kept = await fetcher.fetch(net.url("a.test", "/again"), method="POST", data=b"q=1")
+    assert refused.value.reason is Reason.BAD_RESPONSE
+    assert [r.status for r in refused.value.responses] == [status]
+    assert net.hits_for("b.test") == []
+    assert (kept.status, kept.url) == (200, net.url("a.test", "/page/0"))

@@ -39,7 +39,7 @@ from aiohttp.typedefs import LooseCookies
 from yarl import URL
 
 from ..grouping import is_public_suffix
-from ..observe.logs import secret_name
+from ..observe.logs import redact, secret_header
 from ..observe.metrics import worker_metrics
 from .answers import PendingAnswers
 from .decoding import ACCEPT_ENCODING, decode_content
@@ -106,19 +106,10 @@ BODY_HEADERS = frozenset(
     {"content-type", "content-length", "content-encoding", "content-language", "content-location"}
 )
 #: Headers a redirect to another origin does not carry, whether the caller or the session
-#: (a login hook's token) set them; the cookie jar still sends the new origin its own. So
-#: does every header named as a secret (X-Api-Key, X-Auth-Token, X-Session-Id: `credential`).
-CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
-
-
-def credential(name: str) -> bool:
-    """Whether a header called `name` carries credentials: one of CREDENTIAL_HEADERS, or
-    named as a secret (`secret_name`: X-Api-Key, X-Session-Id, X-Auth-Key). An Accept-*
-    header asks for something (Accept-Signature, a signed answer): it holds none."""
-    lowered = name.lower()
-    if lowered in CREDENTIAL_HEADERS:
-        return True
-    return not lowered.startswith("accept-") and secret_name(lowered)
+#: (a login hook's token) set them: those carrying credentials (`credential`, the list the
+#: logs mask: Authorization, Cookie, and every header named as a secret, X-Api-Key); the
+#: cookie jar still sends the new origin its own.
+credential = secret_header
 
 
 def body_header(name: str) -> bool:
@@ -681,6 +672,15 @@ class Fetcher:
             ):
                 method, data = "GET", None  # as browsers do (the Fetch standard)
                 headers = _without(headers, body_header)
+            if data is not None and not _trusted(session, first, _parsed(target)):
+                # A 307/308 sends the body again, and no credential can be taken out of a
+                # body (a login form's password): not to another origin, then.
+                raise FetchError(
+                    Reason.BAD_RESPONSE,
+                    url,
+                    f"a {response.status} to {redact(target)} would send it the request's body",
+                    responses=history,
+                )
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
