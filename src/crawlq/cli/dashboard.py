@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 import socket
 
 import click
 
 from ..checks import seconds, shorten, unicode_error
 from ..errors import ConfigError
-from ..observe.logs import redact
+from ..observe.logs import logger, redact
 from ..observe.security import LOGIN_FAILURES, MAKE_TOKEN, TOKEN_RULE, check_token
 from .common import backend_option, connected, resolve_url, run
 
-log = logging.getLogger("crawlq.dashboard")
+log = logger("crawlq.dashboard")
 
 
 def is_loopback(host: str) -> bool:

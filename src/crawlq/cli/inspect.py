@@ -200,7 +200,8 @@ def dead_list(
     backend_url: str | None,
     app_spec: str | None,
 ) -> None:
-    """Dead elements of QUEUE, newest first (credentials in URLs masked; --json: exact)."""
+    """Dead elements of QUEUE, newest first (credentials masked; --json: keys and payloads
+    exact, as requeue needs them)."""
     _, url = resolve_url(app_spec, backend_url)
     queue = checks.name(queue, "queue name")
 

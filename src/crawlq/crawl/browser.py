@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import logging
 import os
 import time
 import weakref
@@ -49,6 +48,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, CrawlqError
 from ..grouping import registered_domain, url_host
+from ..observe.logs import logger
 from .errors import FetchError, Reason, Throttled
 from .redact import redact_url
 from .response import Response
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .fetcher import CredentialCheck, Fetcher
     from .politeness import Politeness
 
-log = logging.getLogger("crawlq.crawl")
+log = logger("crawlq.crawl")
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 #: The environment variable the command line reads the Chromium path from.

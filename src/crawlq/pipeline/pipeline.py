@@ -31,6 +31,7 @@ from ..crawl.response import Response
 from ..crawl.store import WarcStore
 from ..crawl.warc import StoredResponse
 from ..errors import ConfigError, Permanent
+from ..observe.logs import redact
 from ..results import Record, ResultsStore
 from ..results.store import as_records
 from ..retry import Retry
@@ -252,7 +253,7 @@ class Pipeline:
         warc: WarcStore = ctx.app.shared(WARC)
         stored = await warc.get(ref)
         if stored is None:
-            raise Permanent(f"no stored response for {ref} in {self.warc_dir}")
+            raise Permanent(f"no stored response for {redact(ref)} in {self.warc_dir}")
         return stored
 
     async def _sync_responses(self) -> None:

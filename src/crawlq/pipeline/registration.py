@@ -18,7 +18,6 @@ a heartbeat): they beat three times within it, and within their shortest lease.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 import uuid
@@ -28,9 +27,10 @@ from dataclasses import dataclass
 from ..backends import Backend
 from ..errors import ConfigError
 from ..liveness import pid_exists
+from ..observe.logs import logger
 from ..types import WorkerInfo
 
-log = logging.getLogger("crawlq.pipeline")
+log = logger("crawlq.pipeline")
 
 PREFIX = "reprocess:"
 WORKER = "/worker"
