@@ -1,0 +1,56 @@
+"""The Redis backend's connections as an operator meets them: restarts of redis-server under
+a listening worker, permissions an ACL leaves out. Real servers throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from crawlq.backends.redis.backend import RedisBackend
+from crawlq.testing.redis_server import RedisServer
+from crawlq.types import QueueConfig, Schedule
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    server = RedisServer(appendonly=True, appendfsync="always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def element(key: str) -> Schedule:
+    return Schedule(queue="q", key=key, payload=None, group="g", due=time.time())
+
+
+@pytest.mark.parametrize("down", [0.0, 1.0])
+async def test_an_idle_worker_claims_again_once_redis_is_back(
+    server: RedisServer, down: float
+) -> None:
+    """Whatever was published while the wake-up listener was not subscribed is lost: once
+    subscribed again it sets its event, so the worker claims again at once. Before, redis-py
+    reconnected and subscribed again without a word, and an element scheduled just after the
+    restart waited for the worker's 30 s idle timeout."""
+    backend = RedisBackend(server.url)
+    await backend.open()
+    try:
+        await backend.ensure_queues([QueueConfig(name="q")])
+        listener = await backend.listen(["q"])
+        listener.event.clear()
+        server.stop()
+        await asyncio.sleep(down)  # how long Redis is down: the scenario, not a wait
+        server.start()
+        async with asyncio.timeout(15):
+            await listener.event.wait()  # set by subscribing again, with nothing published
+        listener.event.clear()
+        await backend.schedule([element("after")])  # and new work still wakes it
+        async with asyncio.timeout(15):
+            await listener.event.wait()
+        await listener.close()
+    finally:
+        await backend.close()
