@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from crawlq.backends.redis import lanes
 from crawlq.backends.redis.backend import RedisBackend
+from crawlq.errors import BackendUnavailable
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import QueueConfig, Schedule
 
@@ -52,5 +54,39 @@ async def test_an_idle_worker_claims_again_once_redis_is_back(
         async with asyncio.timeout(15):
             await listener.event.wait()
         await listener.close()
+    finally:
+        await backend.close()
+
+
+async def test_a_server_that_stops_answering_is_reported_and_used_again_once_it_answers(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped redis-server (SIGSTOP: its socket open, the kernel acknowledging) never
+    answers, and TCP keepalive cannot tell: operations and plain commands alike waited for
+    ever. Each now gives up after lanes.CALL_TIMEOUT with an error that says so, and the
+    backend works again once the server does."""
+    monkeypatch.setattr(lanes, "CALL_TIMEOUT", 1.0)
+    backend = RedisBackend(server.url)
+    await backend.open()
+    try:
+        await backend.ensure_queues([QueueConfig(name="q")])
+        await backend.schedule([element("before")])
+        server.pause()
+        try:
+            for call in (
+                lambda: backend.schedule([element("stopped")]),  # an operation (lanes)
+                backend.queues,  # a plain command (redis-py's pool)
+            ):
+                async with asyncio.timeout(30):
+                    with pytest.raises(BackendUnavailable, match="no reply from Redis in 1 s"):
+                        await call()
+        finally:
+            server.resume()
+        async with asyncio.timeout(30):
+            await backend.schedule([element("after")])
+            assert [c.name for c in await backend.queues()] == ["q"]
+            (stats,) = await backend.queue_stats()
+        # The schedule that timed out may have run once the server continued: never twice.
+        assert stats.total in (2, 3)
     finally:
         await backend.close()

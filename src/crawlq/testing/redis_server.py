@@ -137,11 +137,22 @@ class RedisServer:
         except OSError:
             return False
 
+    def pause(self) -> None:
+        """SIGSTOP: the server's socket stays open, the kernel acknowledges what is sent to
+        it, and nothing answers (as a wedged server or a hung proxy), until `resume`."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self, *, kill: bool = False, timeout: float = 10.0) -> None:
         """SIGTERM (a clean shutdown) or SIGKILL (a crash: only what the log had survives)."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
+        proc.send_signal(signal.SIGCONT)  # a paused server would not act on SIGTERM
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout)

@@ -57,7 +57,7 @@ from ..batch import (
     merge,
 )
 from ..views import dead_element, live_element
-from . import records, scripts
+from . import lanes, records, scripts
 from .check import check
 from .globs import lua_pattern
 from .lanes import Lanes
@@ -300,8 +300,8 @@ class RedisBackend:
     async def _run(self, script: str, payload: Any, *extra: str, again: Any = None) -> Any:
         """One operation; sent again after a broken connection, with `again` as its payload
         if given."""
-        lanes = self._lanes
-        if lanes is None:
+        held = self._lanes
+        if held is None:
             raise BackendError(f"backend {self.url} is not open")
         sent = 0
 
@@ -310,7 +310,7 @@ class RedisBackend:
             sent += 1
             chosen = payload if sent == 1 or again is None else again
             args: list[str | bytes] = [self.prefix, self._clock_arg(), _packed(chosen), *extra]
-            return scripts.call(lanes, script, [self._anchor], args)
+            return scripts.call(held, script, [self._anchor], args)
 
         try:
             return await self._patiently(call)
@@ -320,9 +320,23 @@ class RedisBackend:
             raise BackendError(f"Redis at {self.url} failed in {script}: {exc}") from None
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
-        """Plain commands, with the same error translation as scripts."""
+        """Plain commands, with the same error translation as scripts. They go over redis-py's
+        pool, which waits for a reply forever (no socket_timeout: it would apply to the lanes
+        and the wake-up listener too), so each try is bounded here as the lanes bound theirs
+        (a stopped redis-server acknowledges at the TCP level and never answers)."""
+
+        async def bounded() -> Any:
+            try:
+                async with asyncio.timeout(lanes.CALL_TIMEOUT):
+                    return await fn()
+            except builtins.TimeoutError:  # asyncio's; redis-py's own is a RedisError
+                raise TimeoutError(
+                    f"no reply from Redis in {lanes.CALL_TIMEOUT:g} s (is redis-server stopped "
+                    "or overloaded?)"
+                ) from None
+
         try:
-            return await self._patiently(fn)
+            return await self._patiently(bounded)
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:

@@ -16,17 +16,29 @@ Idle lanes are taken newest first, so after a burst the oldest sit unused: the n
 closes those idle for over a minute (a worker calls every few seconds). A lane whose server
 vanished without a word is freed by TCP keepalive (see the backend's `_KEEPALIVE`): a few
 such calls must not hold every lane.
+
+Keepalive does not help when the server's machine is there but redis-server does not answer
+(stopped with SIGSTOP, wedged, a proxy whose upstream hangs): the kernel acknowledges the
+request and the keepalive probes, and a call waited forever (measured: a schedule to a
+stopped server still waiting after 150 s). A timer on every reply would bound it but costs
+~17% of a one-element call's rate, so one watchdog per lanes looks at the calls under way
+every second instead and disconnects any lane waiting over CALL_TIMEOUT: its call fails with
+a TimeoutError that says so, and is sent again or reported as the backend's other lost
+connections are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from ...errors import BackendError
@@ -55,6 +67,11 @@ def bulk_strings(args: Iterable[bytes | str | int | float]) -> bytes:
 DEFAULT_MAX_LANES = 64
 UNLIMITED = 2**31  # redis-py's max_connections when none is given
 IDLE_SECONDS = 60.0
+#: Seconds a call may wait for its reply before its lane is given up on. Redis serves one
+#: command at a time, and crawlq's take well under a second; this leaves room for a server
+#: busy with someone's slow command.
+CALL_TIMEOUT = 30.0
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 class Lanes:
@@ -74,6 +91,9 @@ class Lanes:
         self._idle_seconds = idle_seconds
         self._clock = clock
         self._closed = False
+        self._busy: dict[AbstractConnection, float] = {}  # calls under way, since when
+        self._overdue: set[AbstractConnection] = set()
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def idle(self) -> int:
@@ -88,21 +108,39 @@ class Lanes:
         if self._closed:  # it waited for a lane while the backend closed
             raise BackendError("the Redis backend was closed")
         connection: AbstractConnection
-        connection = self._idle.pop()[0] if self._idle else self._pool.make_connection()
+        if self._idle:
+            connection = self._idle.pop()[0]
+        else:
+            connection = self._pool.make_connection()
+            # Not redis-py's retries within a call (connecting, its health check's PING): a
+            # call that fails is sent again by the backend, whose patience is bounded, and a
+            # lane given up on by the watchdog must not connect again within the same call.
+            connection.retry = NO_RETRY
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch(), name="crawlq-redis-lanes")
+        self._busy[connection] = time.monotonic()
         try:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
         except ResponseError:
             await self._give_back(connection)  # the error was the whole reply
             raise
-        except (ConnectionError, TimeoutError, OSError):
+        except (ConnectionError, TimeoutError, OSError) as exc:
             # The server went away or restarted: its other idle connections are as stale.
             await connection.disconnect(nowait=True)
             await self._drop_idle()
-            raise
+            if connection in self._overdue:
+                raise TimeoutError(
+                    f"no reply from Redis in {CALL_TIMEOUT:g} s (is redis-server stopped "
+                    "or overloaded?)"
+                ) from None
+            raise exc
         except BaseException:
             await connection.disconnect(nowait=True)
             raise
+        finally:
+            self._busy.pop(connection, None)
+            self._overdue.discard(connection)
         await self._give_back(connection)
         return reply
 
@@ -116,10 +154,24 @@ class Lanes:
             stale, _ = self._idle.pop(0)
             await stale.disconnect(nowait=True)
 
+    async def _watch(self) -> None:
+        """Disconnects each lane whose call waited over CALL_TIMEOUT for its reply."""
+        while True:
+            await asyncio.sleep(min(1.0, CALL_TIMEOUT / 4))
+            late = time.monotonic() - CALL_TIMEOUT
+            for connection, since in list(self._busy.items()):
+                if since < late:  # again each second, should it have connected again
+                    self._overdue.add(connection)
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect(nowait=True)
+
     async def close(self) -> None:
         """Disconnects the idle connections, and each busy one as its call ends."""
         self._closed = True
         await self._drop_idle()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     async def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
