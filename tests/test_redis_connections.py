@@ -8,10 +8,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from crawlq.backends.redis import lanes
 from crawlq.backends.redis.backend import RedisBackend
-from crawlq.errors import BackendUnavailable
+from crawlq.errors import BackendError, BackendUnavailable
 from crawlq.testing.redis_server import RedisServer
 from crawlq.types import QueueConfig, Schedule
 
@@ -90,3 +91,26 @@ async def test_a_server_that_stops_answering_is_reported_and_used_again_once_it_
         assert stats.total in (2, 3)
     finally:
         await backend.close()
+
+
+async def test_an_acl_user_without_the_wake_up_channels_gets_a_clear_error() -> None:
+    """A user whose ACL leaves out the `{ns}:wake:*` channels: a worker starting got redis-py's
+    NoPermissionError (a traceback); now a BackendError naming the channels, no password."""
+    server = RedisServer(password="s3cret-pw")
+    server.start()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "crawler", "on", ">crawler-pw", "~*", "resetchannels", "+@all"
+        )
+        admin.close()
+        backend = RedisBackend(f"redis://crawler:crawler-pw@127.0.0.1:{server.port}/0")
+        await backend.open()
+        try:
+            with pytest.raises(BackendError, match=r"refused the wake-up channels") as refused:
+                await backend.listen(["q"])
+            assert "crawler-pw" not in str(refused.value)
+        finally:
+            await backend.close()
+    finally:
+        server.remove()

@@ -357,7 +357,14 @@ class RedisBackend:
 
     async def listen(self, queues: Sequence[str]) -> Listener:
         channels = [f"{self.prefix}wake:{queue}" for queue in queues]
-        return await RedisListener(self.client, channels).started()
+        listener = RedisListener(self.client, channels)
+        try:
+            return await listener.started()
+        except RedisError as exc:  # an ACL without these channels: NOPERM, not a traceback
+            await listener.close()
+            raise BackendError(
+                f"Redis at {self.url} refused the wake-up channels {self.prefix}wake:*: {exc}"
+            ) from None
 
     # -- queues -------------------------------------------------------------------------------
 

@@ -77,5 +77,6 @@ class RedisListener:
 
     async def close(self) -> None:
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        # Or its error, should it have ended on one (reported by `started`).
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
