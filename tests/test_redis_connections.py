@@ -27,8 +27,8 @@ def server() -> Iterator[RedisServer]:
         server.remove()
 
 
-def element(key: str) -> Schedule:
-    return Schedule(queue="q", key=key, payload=None, group="g", due=time.time())
+def element(key: str, group: str = "g") -> Schedule:
+    return Schedule(queue="q", key=key, payload=None, group=group, due=time.time())
 
 
 @pytest.mark.parametrize("down", [0.0, 1.0])
@@ -114,3 +114,45 @@ async def test_an_acl_user_without_the_wake_up_channels_gets_a_clear_error() -> 
             await backend.close()
     finally:
         server.remove()
+
+
+async def test_a_full_redis_refuses_whole_calls_and_stats_still_read(server: RedisServer) -> None:
+    """At `maxmemory` (noeviction) Redis refuses every operation before it runs: nothing is
+    half-written, the error says what to do, and `crawlq stats` still reads (it used MULTI,
+    which a full Redis refuses even for reads)."""
+    backend = RedisBackend(server.url)
+    await backend.open()
+    admin = redis.Redis.from_url(server.url)
+    try:
+        await backend.ensure_queues([QueueConfig(name="q")])
+        await backend.schedule([element(f"before-{n}", f"g{n}") for n in range(10)])
+        admin.config_set("maxmemory", 1)  # far below what is used: every write is refused
+        with pytest.raises(BackendError, match=r"failed in schedule: .*maxmemory.*Redis is full"):
+            await backend.schedule([element(f"full-{n}") for n in range(10)])
+        with pytest.raises(BackendError, match=r"failed in claim: .*Redis is full"):
+            await backend.claim(["q"], worker="w", limit=1, lease=60.0)
+        (stats,) = await backend.queue_stats()
+        assert stats.total == 10
+        admin.config_set("maxmemory", 0)
+        claimed = await backend.claim(["q"], worker="w", limit=10, lease=60.0)
+        assert len(claimed.elements) == 10
+        assert await backend.check() == []
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+        await backend.close()
+
+
+async def test_a_read_only_replica_is_reported_as_such(server: RedisServer) -> None:
+    replica = RedisServer()
+    replica.start()
+    try:
+        admin = redis.Redis.from_url(replica.url)
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(server.port))  # type: ignore[no-untyped-call]
+        admin.close()
+        with pytest.raises(
+            BackendUnavailable, match=r"cannot use Redis at .*point crawlq at the primary"
+        ):
+            await RedisBackend(replica.url).open()
+    finally:
+        replica.remove()

@@ -20,7 +20,14 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
+from redis.exceptions import (
+    ConnectionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TimeoutError,
+)
 
 from ...errors import BackendError, BackendUnavailable, ConfigError, UnknownQueue
 from ...identity import key_hash
@@ -214,6 +221,9 @@ class RedisBackend:
                         f"{SCHEMA_VERSION}: finish it with the crawlq that wrote it, or use "
                         "another namespace (?namespace=NAME)"
                     )
+        except ResponseError as exc:  # reached, and refused: a replica, a full server, an ACL
+            await client.aclose()
+            raise BackendUnavailable(f"cannot use Redis at {self.url}: {exc}{_hint(exc)}") from None
         except RedisError as exc:
             await client.aclose()
             raise BackendUnavailable(f"cannot reach Redis at {self.url}: {exc}") from None
@@ -317,7 +327,9 @@ class RedisBackend:
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
-            raise BackendError(f"Redis at {self.url} failed in {script}: {exc}") from None
+            raise BackendError(
+                f"Redis at {self.url} failed in {script}: {exc}{_hint(exc)}"
+            ) from None
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Plain commands, with the same error translation as scripts. They go over redis-py's
@@ -340,7 +352,7 @@ class RedisBackend:
         except (ConnectionError, TimeoutError) as exc:
             raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
-            raise BackendError(f"Redis at {self.url} failed: {exc}") from None
+            raise BackendError(f"Redis at {self.url} failed: {exc}{_hint(exc)}") from None
 
     async def _hget(self, key: str, field: bytes | str) -> bytes | None:
         async def read() -> bytes | None:
@@ -632,12 +644,19 @@ class RedisBackend:
             names = [n for n in names if n in queues]
         now = self.now()
 
-        async def read() -> list[Any]:
-            async with self.client.pipeline(transaction=True) as pipe:
+        async def read(transaction: bool = True) -> list[Any]:
+            async with self.client.pipeline(transaction=transaction) as pipe:
                 for name in names:
                     pipe.hmget(self._queue_key(name, "n"), ["0", "1", "2", "3"])
                     pipe.zcount(self._queue_key(name, "d"), "-inf", repr(now))
-                found: list[Any] = await pipe.execute()
+                try:
+                    found: list[Any] = await pipe.execute()
+                except OutOfMemoryError:
+                    if not transaction:
+                        raise
+                    # A full Redis refuses every command inside MULTI, reads too, and
+                    # `crawlq stats` is what an operator runs then: read without one.
+                    return await read(False)
                 return found
 
         found = await self._call(read)
@@ -806,6 +825,18 @@ class RedisBackend:
             chunk = wanted[start : start + CALL_ITEMS]
             taken += int(await self._run("dead", [queue, requeue, chunk, CALL_ITEMS]))
         return taken
+
+
+def _hint(exc: RedisError) -> str:
+    """What to do about a refusal an operator can fix on the server's side."""
+    if isinstance(exc, ReadOnlyError):
+        return " (a read-only replica: point crawlq at the primary)"
+    if isinstance(exc, OutOfMemoryError):
+        return (
+            " (Redis is full: nothing of this call was written; raise maxmemory or free "
+            "memory, and keep maxmemory-policy noeviction)"
+        )
+    return ""
 
 
 def _dead_letter(queue: str, key: str, raw: bytes) -> tuple[DeadLetter, list[list[Any]]]:
