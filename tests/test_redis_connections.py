@@ -156,3 +156,24 @@ async def test_a_read_only_replica_is_reported_as_such(server: RedisServer) -> N
             await RedisBackend(replica.url).open()
     finally:
         replica.remove()
+
+
+async def test_a_schedule_that_meets_redis_back_without_its_data_says_so() -> None:
+    """A restart without persistence loses the queues: a schedule (a `crawlq schedule` bulk
+    in flight) then failed with "unknown queue", as if the caller had misspelt it."""
+    server = RedisServer()  # no appendonly
+    server.start()
+    try:
+        backend = RedisBackend(server.url)
+        await backend.open()
+        try:
+            await backend.ensure_queues([QueueConfig(name="q")])
+            server.restart()
+            with pytest.raises(BackendError, match=r"restarted during this schedule.*'q'"):
+                await backend.schedule([element(f"k{n}") for n in range(3)])
+            await backend.ensure_queues([QueueConfig(name="q")])  # as a worker does
+            assert (await backend.schedule([element("again")])).added == 1
+        finally:
+            await backend.close()
+    finally:
+        server.remove()

@@ -403,6 +403,20 @@ class RedisBackend:
             return ScheduleResult()
         for item in items:
             check_schedule(item)
+        epoch = self.epoch
+        try:
+            return await self._schedule(items)
+        except UnknownQueue as exc:
+            if self.epoch == epoch:
+                raise
+            # Not the caller's mistake: Redis came back without its data (no appendonly).
+            raise BackendError(
+                f"Redis at {self.url} restarted during this schedule and came back without "
+                f"queue {exc.queue!r}: it lost its data (run it with appendonly yes). Store "
+                "the app's queues again (any worker does) and schedule again"
+            ) from None
+
+    async def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
         if len(items) == 1:  # the most common call: nothing to fold, one call
             return await self._schedule_once(items)
         result = ScheduleResult()
