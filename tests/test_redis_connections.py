@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from crawlq.backends.redis import backend as backend_module
 from crawlq.backends.redis import lanes
 from crawlq.backends.redis.backend import RedisBackend
 from crawlq.errors import BackendError, BackendUnavailable
@@ -71,6 +72,7 @@ async def test_a_server_that_stops_answering_is_reported_and_used_again_once_it_
     ever. Each now gives up after lanes.CALL_TIMEOUT with an error that says so, and the
     backend works again once the server does."""
     monkeypatch.setattr(lanes, "CALL_TIMEOUT", 1.0)
+    monkeypatch.setattr(backend_module, "RECONNECT_PATIENCE", 1.0)  # no second try
     backend = RedisBackend(server.url)
     await backend.open()
     try:
@@ -215,3 +217,19 @@ def test_a_worker_idle_through_a_restart_runs_work_scheduled_just_after(
         worker.send_signal(signal.SIGTERM)
         output = finish(worker)
     assert worker.returncode == 0, output
+
+
+async def test_tls_and_plain_text_mixed_up_are_named_as_such() -> None:
+    """redis:// to a TLS port said "Connection reset by peer", rediss:// to a plain one
+    "Timeout connecting to server": now each also says which scheme the port may need."""
+    tls, plain = RedisServer(tls=True), RedisServer()
+    tls.start()
+    plain.start()
+    try:
+        with pytest.raises(BackendUnavailable, match=r"a TLS port\? use rediss://"):
+            await RedisBackend(f"redis://127.0.0.1:{tls.port}/0").open()
+        with pytest.raises(BackendUnavailable, match=r"a plain-text port\? rediss:// speaks TLS"):
+            await RedisBackend(f"rediss://127.0.0.1:{plain.port}/0").open()
+    finally:
+        tls.remove()
+        plain.remove()

@@ -226,7 +226,9 @@ class RedisBackend:
             raise BackendUnavailable(f"cannot use Redis at {self.url}: {exc}{_hint(exc)}") from None
         except RedisError as exc:
             await client.aclose()
-            raise BackendUnavailable(f"cannot reach Redis at {self.url}: {exc}") from None
+            raise BackendUnavailable(
+                f"cannot reach Redis at {self.url}: {exc}{self._tls_hint(exc)}"
+            ) from None
         except builtins.TimeoutError:  # asyncio.timeout's (redis-py's own is a RedisError)
             await client.aclose()
             raise BackendUnavailable(
@@ -251,6 +253,17 @@ class RedisBackend:
                 f"Redis at {self.url} is version {info.get('redis_version', '?')}: crawlq "
                 "needs Redis 7.0 or later (its operations are a Redis function library)"
             ) from None
+
+    def _tls_hint(self, exc: RedisError) -> str:
+        """A TLS URL to a plain port waits for a handshake that never comes (a timeout); a
+        plain one to a TLS port is cut off (reset) or answered in TLS records."""
+        tls = self._url.startswith("rediss://")
+        if tls and isinstance(exc, TimeoutError):
+            return " (a plain-text port? rediss:// speaks TLS; use redis:// for it)"
+        said = str(exc).lower()
+        if not tls and ("reset by peer" in said or "protocol error" in said):
+            return " (a TLS port? use rediss:// for it)"
+        return ""
 
     def _probe(self) -> None:
         """One PING without retries, so a server that is not there is reported at once. With
