@@ -8,6 +8,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -30,6 +31,11 @@ def server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.remove()
+
+
+def clients(admin: redis.Redis) -> list[dict[str, Any]]:
+    listed: Any = admin.client_list()  # redis-py types it "awaitable or value"
+    return list(listed)
 
 
 def element(key: str, group: str = "g") -> Schedule:
@@ -233,3 +239,27 @@ async def test_tls_and_plain_text_mixed_up_are_named_as_such() -> None:
     finally:
         tls.remove()
         plain.remove()
+
+
+async def test_an_acl_user_without_fcall_is_refused_on_opening_and_left_connected_nowhere() -> None:
+    server = RedisServer(password="s3cret-pw")
+    server.start()
+    try:
+        seeded = RedisBackend(f"{server.url}?namespace=n")
+        await seeded.open()  # a namespace with data: opening it runs one operation
+        await seeded.close()
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "crawler", "on", ">crawler-pw", "~*", "&*", "+@all", "-fcall"
+        )
+        backend = RedisBackend(f"redis://crawler:crawler-pw@127.0.0.1:{server.port}/0?namespace=n")
+        with pytest.raises(BackendError, match=r"no permissions to run the 'fcall' command") as e:
+            await backend.open()
+        assert "crawler-pw" not in str(e.value)
+        deadline = time.monotonic() + 10
+        while any(c.get("user") == "crawler" for c in clients(admin)):
+            assert time.monotonic() < deadline, "the refused backend's connections stay open"
+            await asyncio.sleep(0.02)
+        admin.close()
+    finally:
+        server.remove()

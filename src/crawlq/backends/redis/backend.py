@@ -240,7 +240,11 @@ class RedisBackend:
         self._client = client
         self._lanes = Lanes(client)
         if not fresh:  # Crawl-delay rules an older crawlq stored become Crawl-delays
-            await self._run("crawl_delays", [True])
+            try:
+                await self._run("crawl_delays", [True])
+            except BaseException:  # an ACL without FCALL: not left half open, connected
+                await self.close()
+                raise
 
     async def _load_scripts(self, client: Redis) -> None:
         try:
