@@ -263,3 +263,31 @@ async def test_an_acl_user_without_fcall_is_refused_on_opening_and_left_connecte
         admin.close()
     finally:
         server.remove()
+
+
+async def test_queues_stored_again_after_redis_lost_its_data_can_be_inspected() -> None:
+    """After a restart without persistence the workers store their queues again; `crawlq
+    stats` (which opens without creating) then said "no crawlq data", and the default rule
+    was gone from the listed limits."""
+    server = RedisServer()  # no appendonly
+    server.start()
+    try:
+        backend = RedisBackend(server.url)
+        await backend.open()
+        try:
+            await backend.ensure_queues([QueueConfig(name="q")])
+            server.restart()
+            await backend.ensure_queues([QueueConfig(name="q")])  # as a worker does
+            await backend.schedule([element("a")])
+            inspecting = RedisBackend(server.url, create=False)
+            await inspecting.open()
+            try:
+                (stats,) = await inspecting.queue_stats()
+                assert (stats.name, stats.total) == ("q", 1)
+                assert [rule.pattern for rule in await inspecting.limits()] == ["*"]
+            finally:
+                await inspecting.close()
+        finally:
+            await backend.close()
+    finally:
+        server.remove()

@@ -401,7 +401,20 @@ class RedisBackend:
         if not configs:
             return
         mapping = {c.name: _packed([c.group_by.value, c.custom_key, c.seen]) for c in configs}
-        await self._call(lambda: self.client.hset(self._anchor, mapping=mapping))
+
+        async def store() -> bool:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(self._anchor, mapping=mapping)
+                # The namespace's mark too: a Redis back without its data (no persistence)
+                # lost it, and `crawlq stats` and the dashboard (which open without creating)
+                # said "no crawlq data" while the workers, storing their queues again,
+                # went on.
+                pipe.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
+                _, fresh = await pipe.execute()
+                return bool(fresh)
+
+        if await self._call(store):
+            await self._call(lambda: self._set_default_limit(self.client))
 
     async def queues(self) -> list[QueueConfig]:
         stored = await self._call(lambda: self.client.hgetall(self._anchor))
