@@ -802,11 +802,16 @@ class RedisBackend:
         )
 
     async def worker_elements(self, worker_id: str, *, limit: int = 50) -> list[ElementInfo]:
-        members: list[bytes] = []
-        async for member in self.client.sscan_iter(self.prefix + "w:" + worker_id, count=limit):
-            members.append(member)
-            if len(members) >= limit:
-                break
+        async def read() -> list[bytes]:
+            members: list[bytes] = []
+            held = self.prefix + "w:" + worker_id
+            async for member in self.client.sscan_iter(held, count=limit):
+                members.append(member)
+                if len(members) >= limit:
+                    break
+            return members
+
+        members: list[bytes] = await self._call(read)  # errors as every other call's
         found = []
         for member in sorted(members):
             length, _, rest = member.partition(b":")
