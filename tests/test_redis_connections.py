@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -313,3 +314,45 @@ async def test_listing_a_workers_elements_fails_as_clearly_as_any_call() -> None
             await backend.close()
     finally:
         server.remove()
+
+
+async def test_opening_waits_for_a_server_loading_its_data(tmp_path: Path) -> None:
+    """A server restarting with much data answers LOADING for a while: a worker started then
+    failed at once ("cannot reach Redis ...: Redis is loading the dataset in memory"). It
+    now waits for the load, up to OPEN_TIMEOUT."""
+    slow = RedisServer(
+        appendonly=True,
+        appendfsync="always",
+        # 300 us a key while loading, and answering (LOADING) between every kilobyte.
+        extra_args=("--key-load-delay", "300", "--loading-process-events-interval-bytes", "1024"),
+    )
+    slow.start()
+    try:
+        admin = redis.Redis.from_url(slow.url)
+        admin.eval("for i = 1, 5000 do redis.call('SET', 'k' .. i, i) end", 0)
+        admin.close()
+        slow.stop()
+        starting = asyncio.create_task(asyncio.to_thread(slow.start))  # returns once loaded
+        deadline = time.monotonic() + 10
+        while not loading(slow.port):
+            assert time.monotonic() < deadline, "the server never said it was loading"
+            assert not starting.done(), "loaded before it was seen loading: use more keys"
+            await asyncio.sleep(0.01)
+        backend = RedisBackend(slow.url)
+        await backend.open()
+        try:
+            await backend.ensure_queues([QueueConfig(name="q")])
+        finally:
+            await backend.close()
+        await starting
+    finally:
+        slow.remove()
+
+
+def loading(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"-LOADING")
+    except OSError:
+        return False

@@ -50,6 +50,7 @@ class RedisServer:
         tls: bool = False,
         executable: str = "redis-server",
         startup_timeout: float = 10.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         binary = shutil.which(executable)
         if binary is None:
@@ -60,6 +61,7 @@ class RedisServer:
         self.password = password
         self.tls = tls
         self.startup_timeout = startup_timeout
+        self.extra_args = extra_args  # more redis-server options, as "--name", "value"
         self.port = _free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="redis-"))
         self.log = self.workdir / "redis.log"
@@ -98,6 +100,7 @@ class RedisServer:
         args += ["--appendfsync", self.appendfsync]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.extra_args
         with self.log.open("ab") as out:
             # Own session: a Ctrl-C aimed at the caller must not kill the server under it.
             self._proc = subprocess.Popen(

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
+    BusyLoadingError,
     ConnectionError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -161,6 +162,7 @@ class RedisBackend:
         self._client: Redis | None = None
         self._lanes: Lanes | None = None
         self._restarts = RestartWatch()
+        self._loading = False  # the server said it was loading its data, while opening
 
     async def __aenter__(self) -> RedisBackend:
         await self.open()
@@ -201,7 +203,7 @@ class RedisBackend:
             raise ConfigError(f"bad Redis URL {self.url}: {exc}") from None
         try:
             async with asyncio.timeout(OPEN_TIMEOUT):
-                await asyncio.to_thread(self._probe)
+                await self._probe_patiently()
                 await client.ping()
                 await self._load_scripts(client)
                 fresh = await client.set(self.prefix + "version", SCHEMA_VERSION, nx=True)
@@ -231,8 +233,9 @@ class RedisBackend:
             ) from None
         except builtins.TimeoutError:  # asyncio.timeout's (redis-py's own is a RedisError)
             await client.aclose()
+            why = "still loading its data" if self._loading else "no answer"
             raise BackendUnavailable(
-                f"cannot reach Redis at {self.url}: no answer in {OPEN_TIMEOUT:g} s"
+                f"cannot reach Redis at {self.url}: {why} after {OPEN_TIMEOUT:g} s"
             ) from None
         except BaseException:
             await client.aclose()
@@ -268,6 +271,20 @@ class RedisBackend:
         if not tls and ("reset by peer" in said or "protocol error" in said):
             return " (a TLS port? use rediss:// for it)"
         return ""
+
+    async def _probe_patiently(self) -> None:
+        """The probe, waited for while the server loads its data (a restart of a big one):
+        a worker started with it then starts once it is loaded, instead of failing at once
+        with "Redis is loading the dataset in memory". Bounded by OPEN_TIMEOUT."""
+        pause = 0.05
+        while True:
+            try:
+                await asyncio.to_thread(self._probe)
+                return
+            except BusyLoadingError:
+                self._loading = True
+                await asyncio.sleep(pause)
+                pause = min(MAX_RECONNECT_PAUSE / 4, pause * 2)
 
     def _probe(self) -> None:
         """One PING without retries, so a server that is not there is reported at once. With
