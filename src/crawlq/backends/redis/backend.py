@@ -233,9 +233,9 @@ class RedisBackend:
             ) from None
         except builtins.TimeoutError:  # asyncio.timeout's (redis-py's own is a RedisError)
             await client.aclose()
-            why = "still loading its data" if self._loading else "no answer"
+            why = "still loading its data after" if self._loading else "no answer in"
             raise BackendUnavailable(
-                f"cannot reach Redis at {self.url}: {why} after {OPEN_TIMEOUT:g} s"
+                f"cannot reach Redis at {self.url}: {why} {OPEN_TIMEOUT:g} s"
             ) from None
         except BaseException:
             await client.aclose()
