@@ -90,6 +90,7 @@ async def test_a_server_that_stops_answering_is_reported_and_used_again_once_it_
             for call in (
                 lambda: backend.schedule([element("stopped")]),  # an operation (lanes)
                 backend.queues,  # a plain command (redis-py's pool)
+                lambda: backend.listen(["q"]),  # subscribing (a worker starting)
             ):
                 async with asyncio.timeout(30):
                     with pytest.raises(BackendUnavailable, match="no reply from Redis in 1 s"):

@@ -405,11 +405,19 @@ class RedisBackend:
         channels = [f"{self.prefix}wake:{queue}" for queue in queues]
         listener = RedisListener(self.client, channels)
         try:
-            return await listener.started()
+            # Bounded as every call is: it waits for the server to confirm the subscriptions.
+            async with asyncio.timeout(lanes.CALL_TIMEOUT):
+                return await listener.started()
         except RedisError as exc:  # an ACL without these channels: NOPERM, not a traceback
             await listener.close()
             raise BackendError(
                 f"Redis at {self.url} refused the wake-up channels {self.prefix}wake:*: {exc}"
+            ) from None
+        except builtins.TimeoutError:
+            await listener.close()
+            raise BackendUnavailable(
+                f"lost Redis at {self.url}: no reply from Redis in {lanes.CALL_TIMEOUT:g} s "
+                "(is redis-server stopped or overloaded?)"
             ) from None
 
     # -- queues -------------------------------------------------------------------------------
