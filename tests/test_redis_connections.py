@@ -295,15 +295,15 @@ async def test_queues_stored_again_after_redis_lost_its_data_can_be_inspected() 
         server.remove()
 
 
-async def test_listing_a_workers_elements_fails_as_clearly_as_any_call() -> None:
-    """worker_elements read outside the backend's error translation: an ACL refusal (or a
-    lost server) came out as redis-py's own exception, a traceback in `crawlq stats`."""
+async def test_listing_a_workers_elements_and_checking_fail_as_clearly_as_any_call() -> None:
+    """worker_elements and check read outside the backend's error translation: an ACL
+    refusal (or a lost server) came out as redis-py's own exception, a traceback."""
     server = RedisServer(password="s3cret-pw")
     server.start()
     try:
         admin = redis.Redis.from_url(server.url)
         admin.execute_command(  # type: ignore[no-untyped-call]
-            "ACL", "SETUSER", "crawler", "on", ">crawler-pw", "~*", "&*", "+@all", "-sscan"
+            "ACL", "SETUSER", "crawler", "on", ">crawler-pw", "~*", "&*", "+@all", "-sscan", "-scan"
         )
         admin.close()
         backend = RedisBackend(f"redis://crawler:crawler-pw@127.0.0.1:{server.port}/0")
@@ -311,6 +311,8 @@ async def test_listing_a_workers_elements_fails_as_clearly_as_any_call() -> None
         try:
             with pytest.raises(BackendError, match=r"no permissions to run the 'sscan'"):
                 await backend.worker_elements("w")
+            with pytest.raises(BackendError, match=r"no permissions to run the 'scan'"):
+                await backend.check()  # `crawlq check`
         finally:
             await backend.close()
     finally:

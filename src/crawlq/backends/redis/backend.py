@@ -848,8 +848,15 @@ class RedisBackend:
 
     async def check(self) -> list[str]:
         """Every broken internal invariant (empty when consistent); run on a quiet queue.
-        Credentials masked: a problem names its element's key."""
-        return [redact(problem) for problem in await check(self.client, self.prefix, self.now())]
+        Credentials masked: a problem names its element's key. Not bounded by CALL_TIMEOUT
+        as a whole (it reads everything), but its errors are reported as every other call's."""
+        try:
+            problems = await check(self.client, self.prefix, self.now())
+        except (ConnectionError, TimeoutError) as exc:
+            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
+        except RedisError as exc:
+            raise BackendError(f"Redis at {self.url} failed: {exc}{_hint(exc)}") from None
+        return [redact(problem) for problem in problems]
 
     # -- dead letters -------------------------------------------------------------------------
 
