@@ -458,11 +458,20 @@ class RedisBackend:
             return ScheduleResult()
         for item in items:
             check_schedule(item)
-        epoch = self.epoch
+        epoch = self._restarts.epoch  # (an attribute: a single schedule's path is counted)
         try:
-            return await self._schedule(items)
+            if len(items) == 1:  # the most common call: nothing to fold, one call
+                return await self._schedule_once(items)
+            result = ScheduleResult()
+            rounds = merge(items)  # nearly always one
+            if len(rounds) > 1 or len(rounds[0]) > CALL_ITEMS:
+                await self._known(*{item.queue for item in items})  # before any call writes
+            for round_ in rounds:
+                for start in range(0, len(round_), CALL_ITEMS):
+                    result += await self._schedule_once(round_[start : start + CALL_ITEMS])
+            return result
         except UnknownQueue as exc:
-            if self.epoch == epoch:
+            if self._restarts.epoch == epoch:
                 raise
             # Not the caller's mistake: Redis came back without its data (no appendonly).
             raise BackendError(
@@ -470,18 +479,6 @@ class RedisBackend:
                 f"queue {exc.queue!r}: it lost its data (run it with appendonly yes). Store "
                 "the app's queues again (any worker does) and schedule again"
             ) from None
-
-    async def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
-        if len(items) == 1:  # the most common call: nothing to fold, one call
-            return await self._schedule_once(items)
-        result = ScheduleResult()
-        rounds = merge(items)  # nearly always one
-        if len(rounds) > 1 or len(rounds[0]) > CALL_ITEMS:
-            await self._known(*{item.queue for item in items})  # before any call writes
-        for round_ in rounds:
-            for start in range(0, len(round_), CALL_ITEMS):
-                result += await self._schedule_once(round_[start : start + CALL_ITEMS])
-        return result
 
     async def _schedule_once(self, merged: Sequence[Schedule]) -> ScheduleResult:
         """A batch holding each element once."""

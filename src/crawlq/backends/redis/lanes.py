@@ -22,7 +22,9 @@ Keepalive does not help when the server's machine is there but redis-server does
 request and the keepalive probes, and a call waited forever (measured: a schedule to a
 stopped server still waiting after 150 s). A timer on every reply would bound it but costs
 ~17% of a one-element call's rate, so one watchdog per lanes looks at the calls under way
-every second instead and disconnects any lane waiting over CALL_TIMEOUT: its call fails with
+every second instead, from a thread (a call only numbers itself, and the event loop keeps
+no timer for it: either was measurable on a one-element schedule), and disconnects any
+lane it has seen waiting over CALL_TIMEOUT, on the loop: its call fails with
 a TimeoutError that says so, and is sent again or reported as the backend's other lost
 connections are.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -91,9 +94,11 @@ class Lanes:
         self._idle_seconds = idle_seconds
         self._clock = clock
         self._closed = False
-        self._busy: dict[AbstractConnection, float] = {}  # calls under way, since when
+        self._busy: dict[AbstractConnection, int] = {}  # calls under way, by their number
+        self._calls = 0
         self._overdue: set[AbstractConnection] = set()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._watchdog: threading.Thread | None = None
+        self._stop_watching = threading.Event()
 
     @property
     def idle(self) -> int:
@@ -117,8 +122,13 @@ class Lanes:
             # lane given up on by the watchdog must not connect again within the same call.
             connection.retry = NO_RETRY
         if self._watchdog is None:
-            self._watchdog = asyncio.create_task(self._watch(), name="crawlq-redis-lanes")
-        self._busy[connection] = time.monotonic()
+            loop = asyncio.get_running_loop()
+            self._watchdog = threading.Thread(
+                target=self._watch, args=(loop,), name="crawlq-redis-lanes", daemon=True
+            )
+            self._watchdog.start()
+        self._calls += 1
+        self._busy[connection] = self._calls
         try:
             await connection.send_packed_command(command)
             reply = await connection.read_response()
@@ -139,8 +149,9 @@ class Lanes:
             await connection.disconnect(nowait=True)
             raise
         finally:
-            self._busy.pop(connection, None)
-            self._overdue.discard(connection)
+            del self._busy[connection]
+            if self._overdue:
+                self._overdue.discard(connection)
         await self._give_back(connection)
         return reply
 
@@ -154,26 +165,42 @@ class Lanes:
             stale, _ = self._idle.pop(0)
             await stale.disconnect(nowait=True)
 
-    async def _watch(self) -> None:
-        """Disconnects each lane whose call waited over CALL_TIMEOUT for its reply."""
-        while True:
-            await asyncio.sleep(min(1.0, CALL_TIMEOUT / 4))
-            late = time.monotonic() - CALL_TIMEOUT
-            for connection, since in list(self._busy.items()):
-                if since < late:  # again each second, should it have connected again
-                    self._overdue.add(connection)
-                    with contextlib.suppress(Exception):
-                        await connection.disconnect(nowait=True)
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In its thread: has each lane whose call it has seen waiting over CALL_TIMEOUT for
+        its reply (seen first up to a second after it began) disconnected, on the loop."""
+        seen: dict[tuple[AbstractConnection, int], float] = {}  # call -> first seen
+        while not self._stop_watching.wait(min(1.0, CALL_TIMEOUT / 4)):
+            now = time.monotonic()
+            busy = list(self._busy.items())  # one step under the GIL: the loop may change it
+            seen = {call: seen.get(call, now) for call in busy}
+            due = now - CALL_TIMEOUT
+            late = [connection for (connection, _), since in seen.items() if since < due]
+            if late:  # again each second, should one connect again
+                with contextlib.suppress(RuntimeError):  # the loop is closed
+                    loop.call_soon_threadsafe(self._give_up, late)
+
+    def _give_up(self, connections: list[AbstractConnection]) -> None:
+        for connection in connections:
+            if connection in self._busy:
+                self._overdue.add(connection)
+                task = asyncio.ensure_future(connection.disconnect(nowait=True))
+                task.add_done_callback(_quietly)
 
     async def close(self) -> None:
         """Disconnects the idle connections, and each busy one as its call ends."""
         self._closed = True
         await self._drop_idle()
         if self._watchdog is not None:
-            self._watchdog.cancel()
+            self._stop_watching.set()
             self._watchdog = None
 
     async def _drop_idle(self) -> None:
         idle, self._idle = self._idle, []
         for connection, _ in idle:
             await connection.disconnect(nowait=True)
+
+
+def _quietly(task: asyncio.Future[Any]) -> None:
+    """A disconnect's failure is nobody's business: the call it ends fails on its own."""
+    if not task.cancelled():
+        task.exception()
