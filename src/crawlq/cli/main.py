@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..identity import parse_json
 from ..observe.logs import configure as configure_logging
 from ..types import JSON, ScheduleResult
-from ..worker import DEFAULT_CONCURRENCY, Worker, supervise
+from ..worker import DEFAULT_CONCURRENCY, Worker, collect_less_often, supervise
 from ..worker.supervisor import end_with_parent
 from .common import (
     Group,
@@ -42,6 +42,7 @@ from .warc import warc
 def cli() -> None:
     """crawlq: a durable, polite queue for crawling, scraping and ETL jobs."""
     writelock.stop_between_writes()
+    collect_less_often()
 
 
 @cli.command(short_help="Run the tasks of MODULE:APP, until stopped (or done: --burst).")
