@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from crawlq.cli.main import cli
 from crawlq.observe.dashboard import glob_for, sparkline
-from crawlq.observe.logs import configure, safe_key, task_fields, task_scope
+from crawlq.observe.logs import KEY_LIMIT, configure, safe_key, task_fields, task_scope
 from crawlq.observe.metrics import Snapshot, exposition, throttle_reason
 from crawlq.types import GroupStats, Limit
 
@@ -52,6 +52,18 @@ def test_lines_logged_inside_a_task_scope_carry_its_fields(captured: io.StringIO
         "worker": "w1",
     }
     assert outside["message"] == "outside" and "queue" not in outside
+
+
+def test_a_task_scope_masks_and_cuts_its_key_when_a_line_is_logged(
+    captured: io.StringIO,
+) -> None:
+    key = '"https://bob:hunter2@example.org/' + "x" * 500 + '"'
+    fields = task_fields(queue="pages", key=key, attempt=1, group="example.org", worker="w1")
+    with task_scope(fields):
+        logging.getLogger("tests.units").info("inside")
+    line = json.loads(captured.getvalue())
+    assert line["key"] == safe_key(key)
+    assert "hunter2" not in line["key"] and len(line["key"]) == KEY_LIMIT
 
 
 def test_keys_in_logs_lose_passwords_and_length() -> None:

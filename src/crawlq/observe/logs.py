@@ -207,9 +207,11 @@ def safe_key(key: str) -> str:
 
 
 def task_fields(*, queue: str, key: str, attempt: int, group: str, worker: str) -> dict[str, Any]:
+    """A task's fields for its log records; its `key` as it is, masked only when a record is
+    logged (`TaskFieldsFilter`): most tasks log nothing, and masking cost every one."""
     return {
         "queue": queue,
-        "key": safe_key(key),
+        "key": key,
         "attempt": attempt,
         "group": group or None,
         "worker": worker,
@@ -264,14 +266,15 @@ def logger(name: str) -> logging.Logger:
 
 
 class TaskFieldsFilter(logging.Filter):
-    """Copies the running task's fields onto a record that does not carry them already."""
+    """Copies the running task's fields onto a record that does not carry them already, its
+    key masked (:func:`safe_key`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = _scope.get()
         if fields:
             for name, value in fields.items():
                 if not hasattr(record, name):
-                    setattr(record, name, value)
+                    setattr(record, name, safe_key(value) if name == "key" else value)
         return True
 
 
