@@ -47,6 +47,9 @@ MAX_CHEAP_PATTERNS = 1_000
 #: Rules of any kind, more than this many and a match could take a millisecond as well: a
 #: plain rule costs protego about a fifth of a wildcard one.
 MAX_CHEAP_RULES = 5 * MAX_CHEAP_PATTERNS
+#: An http(s) URL whose host[:port] is already lower case (no IPv6 literal), with no userinfo
+#: and nothing urlsplit would strip or read otherwise: as canonical links and most pages are.
+_PLAIN_ORIGIN = re.compile(r"(https?://[a-z0-9.:-]+)(?=[/?#]|\Z)")
 #: Lines of robots.txt that are no rules, wildcard or not (protego drops a user agent's *).
 _NO_RULE = re.compile(r"user[\s-]*agent|site-?maps?\b", re.IGNORECASE)
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
@@ -71,6 +74,9 @@ class Rules:
 def origin(url: str) -> str:
     """scheme://host[:port] of `url`, lower-cased, without its userinfo: the rules of a
     host, whoever asks (remembered: a page asks it several times)."""
+    plain = _PLAIN_ORIGIN.match(url)
+    if plain is not None:
+        return plain.group(1)  # what urlsplit gives such a URL, in a fifth of its time
     parts = urlsplit(url)
     return f"{parts.scheme.lower()}://{parts.netloc.rpartition('@')[2].lower()}"
 
