@@ -9,7 +9,6 @@ from collections.abc import Callable
 from ..errors import ConfigError
 from ..observe.logs import redact
 from .base import Backend
-from .redis import RedisBackend
 from .sqlite import DEFAULT_URL, SQLiteBackend
 
 __all__ = ["DEFAULT_URL", "Backend", "open_backend"]
@@ -27,6 +26,8 @@ def open_backend(
     if scheme == "sqlite":
         return SQLiteBackend(url, clock=clock or time.time, create=create)
     if scheme in ("redis", "rediss"):
+        from .redis import RedisBackend  # redis-py and what it imports: only for Redis
+
         return RedisBackend(url, clock=clock, create=create)
     if scheme in ("postgresql", "postgres"):
         raise ConfigError(f"the {scheme} backend is not available yet; use sqlite or redis")
