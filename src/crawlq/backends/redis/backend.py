@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
+    AuthenticationError,
     BusyLoadingError,
     ConnectionError,
     OutOfMemoryError,
@@ -226,6 +227,11 @@ class RedisBackend:
         except ResponseError as exc:  # reached, and refused: a replica, a full server, an ACL
             await client.aclose()
             raise BackendUnavailable(f"cannot use Redis at {self.url}: {exc}{_hint(exc)}") from None
+        except AuthenticationError as exc:  # reached, and the login refused (a ConnectionError)
+            await client.aclose()
+            raise BackendUnavailable(
+                f"Redis at {self.url} refused the credentials: {exc}{self._login_hint()}"
+            ) from None
         except RedisError as exc:
             await client.aclose()
             raise BackendUnavailable(
@@ -260,6 +266,14 @@ class RedisBackend:
                 f"Redis at {self.url} is version {info.get('redis_version', '?')}: crawlq "
                 "needs Redis 7.0 or later (its operations are a Redis function library)"
             ) from None
+
+    def _login_hint(self) -> str:
+        """What a refused login may need; never the password itself."""
+        parts = urlsplit(self._url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        if parts.password is None and all(name != "password" for name, _ in query):
+            return " (the URL gives no password: put USER:PASSWORD@ before its host)"
+        return ""
 
     def _tls_hint(self, exc: RedisError) -> str:
         """A TLS URL to a plain port waits for a handshake that never comes (a timeout); a
