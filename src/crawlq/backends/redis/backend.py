@@ -24,6 +24,7 @@ from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
     ConnectionError,
+    NoPermissionError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
@@ -256,8 +257,13 @@ class RedisBackend:
                 raise
 
     async def _load_scripts(self, client: Redis) -> None:
+        """Loads the function library; a user who may not (an ACL without FUNCTION LOAD) needs
+        it only when the server does not have this version of it."""
         try:
             await scripts.load(client)
+        except NoPermissionError:
+            if not await self._library_loaded(client):
+                raise
         except ResponseError as exc:
             if "unknown command" not in str(exc).lower():
                 raise
@@ -266,6 +272,20 @@ class RedisBackend:
                 f"Redis at {self.url} is version {info.get('redis_version', '?')}: crawlq "
                 "needs Redis 7.0 or later (its operations are a Redis function library)"
             ) from None
+
+    async def _library_loaded(self, client: Redis) -> bool:
+        """Whether the server has this crawlq's library: crawl_delays with nothing to raise
+        and nothing to adopt, an operation that changes nothing (FCALL alone asked of the
+        user, where FUNCTION LIST would ask for one more permission)."""
+        untyped: Any = client  # redis-py types its asyncio commands as "awaitable or value"
+        args = [self.prefix, self._clock_arg(), _packed([False])]
+        try:
+            await untyped.fcall(scripts.function_name("crawl_delays"), 1, self._anchor, *args)
+        except ResponseError as exc:
+            if scripts.missing(exc):
+                return False
+            raise
+        return True
 
     def _login_hint(self) -> str:
         """What a refused login may need; never the password itself."""

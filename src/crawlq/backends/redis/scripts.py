@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from .lanes import Lanes, bulk_strings
 
@@ -59,13 +59,26 @@ def function_name(operation: str) -> str:
 
 
 async def load(client: Redis) -> None:
-    """Loads the library unless the server has it (then it is this very code: same name)."""
+    """Loads the library unless the server has it (then it is this very code: same name).
+    A user whose ACL leaves out FUNCTION LOAD gets a NoPermissionError saying what to do."""
     untyped: Any = client  # redis-py types its asyncio commands as "awaitable or value"
     try:
         await untyped.function_load(library()[1])
+    except NoPermissionError as exc:
+        raise NoPermissionError(unloadable(exc)) from None
     except ResponseError as exc:
         if "already exists" not in str(exc):
             raise
+
+
+def unloadable(exc: NoPermissionError) -> str:
+    """Why the library is missing and cannot be loaded, and how an admin fixes that."""
+    return (
+        f"the crawlq function library {library()[0]} (this crawlq version's) is not loaded on "
+        f"the server, and this user may not load it ({exc}): grant the user FUNCTION LOAD "
+        "(ACL +function|load), or have a user who has it open this backend once with this "
+        "crawlq version (any crawlq command, such as `crawlq stats --backend URL`, loads it)"
+    )
 
 
 def missing(exc: ResponseError) -> bool:
