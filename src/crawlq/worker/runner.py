@@ -34,7 +34,7 @@ from .. import cron
 from ..app import App
 from ..backends import Backend, base
 from ..context import Context
-from ..errors import BackendError, ConfigError, Permanent
+from ..errors import BackendError, BackendUnavailable, ConfigError, Permanent
 from ..observe import task_fields, task_scope, worker_metrics
 from ..observe.logs import logger, redact, safe_key
 from ..tasks import Task, sync_executor
@@ -562,6 +562,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         registered = backend.epoch
         replant_at = loop.time() + cron.REPLANT_EVERY
+        outage = _Outage(self.id)
         while True:
             await asyncio.sleep(interval)
             if backend.epoch != registered:  # a Redis back from a crash may have lost it
@@ -569,14 +570,14 @@ class Worker:
                     await backend.register_worker(info)
                     await cron.plant(self.tasks.values(), backend)  # and the cron triggers
                     registered = backend.epoch
-                except Exception:
-                    log.exception("registering worker %s again failed; retrying", self.id)
+                except Exception as exc:
+                    outage.failed(exc, "registering again")
             elif loop.time() >= replant_at:
                 replant_at = loop.time() + cron.REPLANT_EVERY
                 try:
                     await cron.plant(self.tasks.values(), backend)
-                except Exception:
-                    log.exception("worker %s: planting cron triggers again failed", self.id)
+                except Exception as exc:
+                    outage.failed(exc, "planting cron triggers again")
             running = [t for t in self._inflight if t not in self._lapsed]
             pending = [
                 *(self._inflight[t] for t in running),
@@ -587,9 +588,10 @@ class Worker:
             sent = loop.time()
             try:
                 await backend.heartbeat(info, pending, self.leases)
-            except Exception:
-                log.exception("heartbeat of worker %s failed; retrying", self.id)
+            except Exception as exc:
+                outage.failed(exc, "heartbeat")
                 continue
+            outage.ended()
             for task in running:
                 if task in self._deadlines:
                     self._deadlines[task] = sent + self.leases[self._inflight[task].queue]
@@ -613,6 +615,52 @@ class Worker:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+
+
+#: A backend that cannot be reached: not a bug, and no traceback would help.
+_UNREACHABLE = (BackendUnavailable, ConnectionError, TimeoutError)
+
+
+class _Outage:
+    """A worker's heartbeats while the backend cannot be reached (Redis stopped, restarting,
+    cut off): one WARNING as they start failing, with the reason, and one INFO once a beat
+    succeeds again; the beats failing meanwhile at DEBUG. They logged a traceback every beat.
+    Any other error is logged with its traceback each time: that is a bug to see."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self.since: float | None = None  # time.monotonic() of the first failure
+        self.failures = 0
+
+    def failed(self, exc: Exception, doing: str) -> None:
+        if not isinstance(exc, _UNREACHABLE):
+            log.error("worker %s: %s failed; retrying", self.worker, doing, exc_info=exc)
+            return
+        self.failures += 1
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning(
+                "worker %s: %s failed, the backend unreachable: %s; retrying every beat, "
+                "quietly until a heartbeat succeeds",
+                self.worker,
+                doing,
+                exc,
+            )
+        else:
+            log.debug("worker %s: %s failed again: %s", self.worker, doing, exc)
+
+    def ended(self) -> None:
+        """A beat succeeded."""
+        if self.since is None:
+            return
+        log.info(
+            "worker %s: heartbeats succeed again, after %d failed in %.1f s",
+            self.worker,
+            self.failures,
+            time.monotonic() - self.since,
+        )
+        self.since = None
+        self.failures = 0
 
 
 def _error_of(exc: BaseException) -> str:

@@ -1,0 +1,167 @@
+"""A worker's heartbeats through a Redis outage: one WARNING line as they start failing and
+one line once they succeed again, not a traceback every beat; other errors keep theirs. A
+real redis-server, killed or stopped (SIGSTOP) under a running worker, then back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from crawlq import App, Context
+from crawlq.backends.redis import backend as backend_module
+from crawlq.backends.redis import lanes
+from crawlq.testing.redis_server import RedisServer
+from crawlq.worker import Worker
+
+GUARD = 60.0  # seconds: only a failing test waits this long
+FAILED_BEATS = 3  # failed heartbeats seen before Redis comes back
+
+
+class Records(logging.Handler):
+    """The records of crawlq's loggers, and a wait for the first time a condition holds on
+    them (checked as each record comes: the worker logs on this event loop)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._waits: list[tuple[Callable[[], bool], asyncio.Event]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        for condition, event in self._waits:
+            if condition():
+                event.set()
+
+    async def until(self, condition: Callable[[], bool], what: str) -> None:
+        event = asyncio.Event()
+        if not condition():
+            self._waits.append((condition, event))
+            try:
+                async with asyncio.timeout(GUARD):
+                    await event.wait()
+            except TimeoutError:
+                raise AssertionError(f"never logged: {what}") from None
+            finally:
+                self._waits.remove((condition, event))
+
+    def about_beats(self) -> list[logging.LogRecord]:
+        return [r for r in self.records if "heartbeat" in r.getMessage()]
+
+    def failed_beats(self) -> list[logging.LogRecord]:
+        return [r for r in self.about_beats() if "failed" in r.getMessage()]
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    handler = Records()
+    crawlq = logging.getLogger("crawlq")
+    level = crawlq.level
+    crawlq.addHandler(handler)
+    crawlq.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        crawlq.removeHandler(handler)
+        crawlq.setLevel(level)
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    server = RedisServer(appendonly=True, appendfsync="always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def worker_of(server: RedisServer) -> tuple[App, Worker]:
+    app = App(f"{server.url}?namespace=beats")
+
+    @app.task(lease=0.6)  # a beat every 0.2 s
+    def idle(ctx: Context, element: str) -> None: ...
+
+    return app, Worker(app, concurrency=1)
+
+
+@pytest.mark.parametrize("outage", ["killed", "stopped"])
+async def test_a_redis_outage_is_one_warning_and_one_line_once_heartbeats_succeed_again(
+    server: RedisServer, records: Records, monkeypatch: pytest.MonkeyPatch, outage: str
+) -> None:
+    # Each failing beat fails within a second (not after 15 s of patience, or 30 of silence).
+    monkeypatch.setattr(backend_module, "RECONNECT_PATIENCE", 0.3)
+    monkeypatch.setattr(lanes, "CALL_TIMEOUT", 0.4)
+    app, worker = worker_of(server)
+    running = asyncio.create_task(worker.run())
+    try:
+        await records.until(
+            lambda: any("started on" in r.getMessage() for r in records.records), "the start"
+        )
+        if outage == "killed":
+            server.stop(kill=True)
+        else:
+            server.pause()
+        await records.until(
+            lambda: len(records.failed_beats()) >= FAILED_BEATS, f"{FAILED_BEATS} failed beats"
+        )
+        failing = records.failed_beats()
+        assert [r for r in failing if r.exc_info] == [], "a traceback for an outage"
+        warned = [r for r in failing if r.levelno >= logging.WARNING]
+        assert len(warned) == 1, [r.getMessage() for r in warned]
+        assert warned[0].levelno == logging.WARNING
+        assert "lost Redis at redis://127.0.0.1:" in warned[0].getMessage()  # the reason
+        assert all(r.levelno == logging.DEBUG for r in failing[1:])
+
+        if outage == "killed":
+            server.start()
+        else:
+            server.resume()
+        await records.until(
+            lambda: any("succeed again" in r.getMessage() for r in records.records),
+            "heartbeats succeeding again",
+        )
+        (back,) = [r for r in records.about_beats() if "succeed again" in r.getMessage()]
+        assert back.levelno == logging.INFO
+        counted = re.search(r"after (\d+) failed in ", back.getMessage())
+        assert counted is not None and int(counted[1]) >= FAILED_BEATS, back.getMessage()
+        assert [r for r in records.records if r.exc_info] == []
+        assert len([r for r in records.about_beats() if r.levelno >= logging.WARNING]) == 1
+    finally:
+        if outage == "stopped":
+            server.resume()
+        worker.stop()
+        async with asyncio.timeout(GUARD):
+            await running
+        await app.aclose()
+
+
+async def test_an_error_other_than_an_outage_keeps_its_traceback(
+    server: RedisServer, records: Records
+) -> None:
+    """A heartbeat Redis refuses (a full server here) is no outage: logged with its
+    traceback at each beat, as before."""
+    app, worker = worker_of(server)
+    running = asyncio.create_task(worker.run())
+    admin = redis.Redis.from_url(server.url)
+    try:
+        await records.until(
+            lambda: any("started on" in r.getMessage() for r in records.records), "the start"
+        )
+        admin.config_set("maxmemory", 1)  # every operation refused: -OOM
+        await records.until(lambda: len(records.failed_beats()) >= 2, "2 failed beats")
+        admin.config_set("maxmemory", 0)
+        failing = records.failed_beats()
+        assert all(r.exc_info and r.levelno == logging.ERROR for r in failing[:2])
+        assert "Redis is full" in str(failing[0].exc_info[1])  # type: ignore[index]
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+        worker.stop()
+        async with asyncio.timeout(GUARD):
+            await running
+        await app.aclose()
