@@ -14,7 +14,7 @@ from crawlq.backends.redis.backend import RedisBackend
 from crawlq.errors import BackendUnavailable
 from crawlq.testing.redis_server import RedisServer
 
-from .test_cli import Cli, cli
+from .test_cli import APP, Cli, cli
 
 __all__ = ["cli"]  # test_cli's fixture, used here too
 
@@ -88,6 +88,14 @@ def test_the_cli_says_the_credentials_were_refused_in_one_line(
         line = cli.refused("stats", "--backend", url)
         assert line.startswith(f"Error: Redis at {shown} refused the credentials: "), line
         assert WRONG not in line and USER_PASSWORD not in line and PASSWORD not in line
+
+
+def test_a_worker_refused_its_login_exits_with_one_line(cli: Cli, guarded: RedisServer) -> None:
+    at = f"127.0.0.1:{guarded.port}/0"
+    env = cli.env(CRAWLQ_BACKEND=f"redis://:{WRONG}@{at}")  # the app's backend
+    line = cli.refused("worker", APP, "--burst", env=env)
+    assert line.startswith(f"Error: Redis at redis://***@{at} refused the credentials: "), line
+    assert WRONG not in line
 
 
 def test_the_cli_still_says_cannot_reach_for_a_server_that_is_not_there(cli: Cli) -> None:
