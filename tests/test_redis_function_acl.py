@@ -80,9 +80,17 @@ async def test_a_user_without_function_load_works_once_the_library_is_loaded(
     await use(user_url(server))
 
 
+OLDER = "crawlq_0123456789abcdef"  # another crawlq version's library, as the server has it
+
+
 async def test_a_missing_library_the_user_cannot_load_is_named_with_the_fix(
     server: RedisServer,
 ) -> None:
+    admin = redis.Redis.from_url(server.url)
+    admin.function_load(
+        f"#!lua name={OLDER}\nredis.register_function('{OLDER}_claim', function() return 0 end)"
+    )
+    admin.close()
     with pytest.raises(BackendUnavailable) as refused:
         await RedisBackend(user_url(server)).open()
     message = str(refused.value)
