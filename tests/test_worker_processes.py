@@ -181,7 +181,7 @@ def test_four_processes_keep_a_groups_interval(env: Env) -> None:
     claims = sorted(e["claimed_at"] for e in env.events() if e["event"] == "start")
     assert len(claims) == 30
     gaps = [b - a for a, b in itertools.pairwise(claims)]
-    assert min(gaps) >= 0.1 - 1e-9, gaps
+    assert min(gaps) >= 0.1 - 1e-6, gaps  # doubles of epoch seconds: see below
 
 
 def test_sigkill_mid_task_loses_nothing(env: Env) -> None:
@@ -307,7 +307,9 @@ def test_separate_workers_share_a_groups_limits(env: Env) -> None:
     assert not [e for e in events if e["event"] == "crowd-timeout"]
     assert peak_overlap(events) == 2
     claims = sorted(e["claimed_at"] for e in starts)
-    assert min(b - a for a, b in itertools.pairwise(claims)) >= 0.02 - 1e-9
+    # Epoch seconds as doubles are exact to ~2.4e-7 s (Redis's clock to 1e-6 s): a gap the
+    # queue kept at 0.02 can read 0.019999981 from the two claim times.
+    assert min(b - a for a, b in itertools.pairwise(claims)) >= 0.02 - 1e-6
     assert len({e["pid"] for e in starts}) >= 2
 
 
