@@ -20,6 +20,7 @@ from crawlq.crawl import crawler, page_reader
 from crawlq.crawl.crawler import PAGES_FILE, WARC_DIR, Crawl
 from crawlq.crawl.errors import FetchError, Reason, Throttled
 from crawlq.crawl.fetcher import Fetcher
+from crawlq.crawl.links import MAX_LINKS, MAX_TITLE_CHARS, TITLE_CUT
 from crawlq.crawl.politeness import MAX_PACING_WAIT, Backoff
 from crawlq.crawl.records import read_records
 from crawlq.crawl.scope import Scope
@@ -601,3 +602,29 @@ async def test_seeds_are_kept_for_a_redis_back_from_a_crash_only_for_a_while(
         await crawl.run([net.url("a.test"), net.url("a.test", "/page/2")])
     assert sorted(records_by_url(tmp_path)) == sorted(net.page_urls("a.test"))
     assert len(crawl._seeds) == (2 if memory else 0)
+
+
+async def test_a_hostile_page_puts_a_capped_title_and_links_in_its_record_and_queue(
+    tmp_path: Path,
+) -> None:
+    """A 300 KB <title> made a 300 KB line of pages.jsonl, and every one of a page's links
+    went into one schedule: the title is cut to MAX_TITLE_CHARS characters and only the
+    first MAX_LINKS links are followed, the rest counted on the record as `links_dropped`.
+    (robots.txt refuses the links: each is recorded, none fetched.)"""
+    extra = 300
+    hrefs = [f"/p/{n}" for n in range(MAX_LINKS + extra)]
+    site = Site(
+        name="a.test",
+        robots="User-agent: *\nDisallow: /p/\n",
+        routes={"/": respond(200, page_html("t" * 300_000, hrefs))},
+    )
+    async with SyntheticWeb([site]) as net:
+        await Crawl(crawl_settings(net, tmp_path)).run([net.url("a.test", "/")])
+    lines = (tmp_path / PAGES_FILE).read_bytes().splitlines()
+    assert max(len(line) for line in lines) < 4_000
+    records = records_by_url(tmp_path)
+    [home] = records.pop(net.url("a.test", "/"))
+    assert home["title"] == "t" * (MAX_TITLE_CHARS - len(TITLE_CUT)) + TITLE_CUT
+    assert (home["links"], home["links_dropped"], home["queued"]) == (MAX_LINKS, extra, MAX_LINKS)
+    assert sorted(records) == sorted(net.url("a.test", href) for href in hrefs[:MAX_LINKS])
+    assert [hit.path for hit in net.hits_for("a.test", pages_only=True)] == ["/"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urljoin
 
-from crawlq.crawl.links import extract
+from crawlq.crawl.links import MAX_LINKS, MAX_TITLE_CHARS, TITLE_CUT, extract
 from crawlq.crawl.urls import MAX_URL_LENGTH, canonicalize
 
 PAGE = "http://site.test/dir/page"
@@ -97,3 +97,28 @@ def test_a_link_longer_than_a_server_takes_is_no_link() -> None:
     assert len(page.links[1]) == MAX_URL_LENGTH
     assert canonicalize("https://a.test" + long_path) is None
     assert canonicalize("https://a.test/" + "%41" * MAX_URL_LENGTH) is None
+
+
+def test_a_title_longer_than_the_cap_is_cut_with_a_marker() -> None:
+    """A hostile page's title of 10 MB made a 10 MB line of pages.jsonl: a title is cut to
+    MAX_TITLE_CHARS characters, the last of them TITLE_CUT; one of that length stays whole."""
+    long_title = "t\u00e9" * 50_000
+    page = extract(f"<title>{long_title}</title>", PAGE)
+    assert page.title is not None and len(page.title) == MAX_TITLE_CHARS
+    assert page.title == long_title[: MAX_TITLE_CHARS - len(TITLE_CUT)] + TITLE_CUT
+    whole = "w" * MAX_TITLE_CHARS
+    assert extract(f"<title>{whole}</title>", PAGE).title == whole
+
+
+def test_at_most_max_links_links_are_read_and_the_elements_after_them_counted() -> None:
+    """A page of a million links made a million-element schedule and record: the first
+    MAX_LINKS distinct links are read, in page order, and the link elements after the one
+    that gave the last of them are counted, unread (a repeat among them counted too)."""
+    hrefs = [f"/p/{n}" for n in range(MAX_LINKS + 5)]
+    anchors = [f'<a href="{href}">x</a>' for href in hrefs]
+    anchors.insert(10, '<a href="/p/0">again</a><a href="mailto:me@site.test">m</a>')
+    page = extract("".join(anchors) + '<a href="/p/3">again</a>', PAGE)
+    assert page.links == [f"http://site.test{href}" for href in hrefs[:MAX_LINKS]]
+    assert page.dropped == 6  # /p/10000 to /p/10004, and the last /p/3
+    exact = extract("".join(anchors[: MAX_LINKS + 1]), PAGE)  # the repeat and mailto: skipped
+    assert len(exact.links) == MAX_LINKS and exact.dropped == 0

@@ -12,8 +12,8 @@ import pytest
 
 from crawlq.crawl import page_reader
 from crawlq.crawl.errors import FetchError, Reason
-from crawlq.crawl.links import PageLinks, extract
-from crawlq.crawl.page_reader import INLINE_CHARS, PageReader, inline
+from crawlq.crawl.links import MAX_LINKS, MAX_TITLE_CHARS, PageLinks, extract
+from crawlq.crawl.page_reader import INLINE_CHARS, THREAD_CHARS, PageReader, inline
 
 from .conftest import started_children
 
@@ -90,6 +90,27 @@ async def test_a_child_reads_the_same_title_and_links_as_the_event_loop(
         await reader.aclose()
     assert len(started) == 1  # one child read them all, one after another
     assert started[0].returncode == -signal.SIGKILL  # ended with the reader
+
+
+async def test_a_child_caps_the_title_and_links_and_says_how_many_it_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page too large for a thread is read in a child, which caps its title and links as
+    the event loop does, and tells the parent how many link elements it left unread."""
+    started = started_children(monkeypatch)
+    html = f"<title>{'t' * 100_000}</title>" + "".join(
+        f"<a href=/p/{n}>{n}</a>" for n in range(MAX_LINKS + 20)
+    )
+    assert len(html) > THREAD_CHARS
+    reader = PageReader()
+    try:
+        page = await reader.links(html, URL)
+    finally:
+        await reader.aclose()
+    assert len(started) == 1
+    assert page == extract(html, URL)
+    assert page.title is not None and len(page.title) == MAX_TITLE_CHARS
+    assert (len(page.links), page.dropped) == (MAX_LINKS, 20)
 
 
 async def test_a_runaway_parse_is_killed_and_the_next_page_gets_a_new_child(

@@ -323,7 +323,7 @@ class Crawl:
             raise failure
         if response.history:
             await self._mark_fetched(ctx, url, depth, response)
-        title, found, queued = None, 0, 0
+        title, found, dropped, queued = None, 0, 0, 0
         error: FetchError | None = None
         rendition: RecordRef | None = None
         if response.is_html and 200 <= response.status < 300:
@@ -337,7 +337,7 @@ class Crawl:
             except FetchError as exc:
                 error = exc
             else:
-                title, found = page.title, len(page.links)
+                title, found, dropped = page.title, len(page.links), page.dropped
                 if self.settings.scope.follows(depth) and not page.nofollow:
                     queued = await self._follow(ctx, page.links, depth + 1, {url, response.url})
         self.stats.pages += 1
@@ -352,6 +352,7 @@ class Crawl:
                 final_url=response.url,
                 title=title,
                 links=found,
+                links_dropped=dropped,
                 queued=queued,
                 bytes=len(response.body),
                 content_type=response.content_type or None,

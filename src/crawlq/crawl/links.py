@@ -13,6 +13,15 @@ SKIPPED_SCHEMES = ("javascript:", "mailto:", "tel:", "data:", "ftp:")
 #: Links resolved on earlier pages are kept (at most this many), by the href and what its
 #: link depends on besides it: a site's pages repeat their menus, footers and neighbours.
 MAX_RESOLVED = 50_000
+#: What one page may put in its record and in the queue, whatever it holds (a hostile page's
+#: 10 MB <title> made a 10 MB line of pages.jsonl, its million links a million-element
+#: schedule): a title longer than MAX_TITLE_CHARS is cut to that many characters, the last
+#: of them TITLE_CUT; at most MAX_LINKS links are read, the first in page order, and the
+#: link elements after the one that gave the last of them are counted, unread
+#: (`PageLinks.dropped`: duplicates, nofollow and mailto: ones among them counted too).
+MAX_TITLE_CHARS = 1_000
+TITLE_CUT = "\N{HORIZONTAL ELLIPSIS}"
+MAX_LINKS = 10_000
 _resolved: dict[tuple[str, str], str | None] = {}
 
 
@@ -21,6 +30,7 @@ class PageLinks:
     title: str | None
     links: list[str]  # absolute, canonical, unique, in page order
     nofollow: bool  # the page's robots meta tag says not to follow its links
+    dropped: int = 0  # link elements after the MAX_LINKS-th link, unread
 
 
 def extract(html: str, url: str) -> PageLinks:
@@ -33,6 +43,8 @@ def extract(html: str, url: str) -> PageLinks:
     tree = LexborHTMLParser(html)
     titles = tree.tags("title")
     title = titles[0].text(strip=True) if titles else None
+    if title and len(title) > MAX_TITLE_CHARS:
+        title = title[: MAX_TITLE_CHARS - len(TITLE_CUT)] + TITLE_CUT
     base = url
     base_node = next((node for node in tree.tags("base") if "href" in node.attributes), None)
     if base_node is not None:
@@ -51,7 +63,9 @@ def extract(html: str, url: str) -> PageLinks:
     found: set[str] = set()
     known: dict[str, str | None] = {}  # href -> link, on this page
     resolve = _resolver(base, base_origin)
-    for node in anchors:
+    nodes = iter(anchors)
+    dropped = 0
+    for node in nodes:
         attributes = node.attributes
         if "nofollow" in (attributes.get("rel") or "").lower():
             continue
@@ -63,7 +77,10 @@ def extract(html: str, url: str) -> PageLinks:
         if link is not None and link not in found:
             found.add(link)
             links.append(link)
-    return PageLinks(title=title or None, links=links, nofollow=nofollow)
+            if len(links) == MAX_LINKS:
+                dropped = sum(1 for _ in nodes)
+                break
+    return PageLinks(title=title or None, links=links, nofollow=nofollow, dropped=dropped)
 
 
 def _resolver(base: str, base_origin: str | None) -> Callable[[str], str | None]:

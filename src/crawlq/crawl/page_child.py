@@ -4,7 +4,7 @@ input ends or its parent dies. It says `ready` first, once it can.
 It imports only links.py and urls.py (page_reader starts it without crawlq's package
 imports). Each request on stdin is a line `<url bytes> <html bytes>` then those bytes, the
 HTML in UTF-8 (lone surrogates passed through); each reply on stdout a line `<bytes>` then a
-JSON object: `title`, `links`, `nofollow`, or `error` if reading the page raised.
+JSON object: `title`, `links`, `nofollow`, `dropped`, or `error` if reading the page raised.
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ def main(parent: int) -> None:
         html = requests.read(html_size).decode("utf-8", "surrogatepass")
         try:
             page = extract(html, url)
-            reply = {"title": page.title, "links": page.links, "nofollow": page.nofollow}
+            reply = {
+                "title": page.title,
+                "links": page.links,
+                "nofollow": page.nofollow,
+                "dropped": page.dropped,
+            }
         except Exception as exc:  # told to the parent, which raises it for its page
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         data = json.dumps(reply).encode()

@@ -141,7 +141,12 @@ class _Child:
             raise RuntimeError(f"reading the links of {url}: {await self.ended()}") from exc
         if "error" in reply:
             raise RuntimeError(f"reading the links of {url}: {reply['error']}")
-        return PageLinks(title=reply["title"], links=reply["links"], nofollow=reply["nofollow"])
+        return PageLinks(
+            title=reply["title"],
+            links=reply["links"],
+            nofollow=reply["nofollow"],
+            dropped=reply["dropped"],
+        )
 
     async def kill(self) -> None:
         if self.process.returncode is None:

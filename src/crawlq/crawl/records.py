@@ -22,7 +22,8 @@ class PageRecord:
     status: int | None  # of the last response received; None if none was
     final_url: str | None = None
     title: str | None = None
-    links: int = 0  # links found on the page (before scope rules)
+    links: int = 0  # links found on the page (before scope rules), at most links.MAX_LINKS
+    links_dropped: int = 0  # link elements after the MAX_LINKS-th link, unread (PageLinks)
     queued: int = 0  # of those, newly added to the crawl
     bytes: int = 0
     content_type: str | None = None
