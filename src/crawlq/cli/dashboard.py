@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 
 import click
+from click.core import ParameterSource
 
 from ..checks import seconds, shorten, unicode_error
 from ..errors import ConfigError
@@ -14,6 +16,8 @@ from ..observe.security import LOGIN_FAILURES, MAKE_TOKEN, TOKEN_RULE, check_tok
 from .common import backend_option, connected, resolve_url, run
 
 log = logger("crawlq.dashboard")
+
+TOKEN_VARIABLE = "CRAWLQ_DASHBOARD_TOKEN"
 
 
 def is_loopback(host: str) -> bool:
@@ -52,6 +56,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _refuse_blank_variable() -> None:
+    """An empty CRAWLQ_DASHBOARD_TOKEN (which click takes for no token at all) or one of
+    spaces is almost certainly a deployment's mistake, a secret that did not arrive: the
+    dashboard does not start, open to all, on it."""
+    given = os.environ.get(TOKEN_VARIABLE)
+    source = click.get_current_context().get_parameter_source("token")
+    if given is not None and not given.strip() and source is not ParameterSource.COMMANDLINE:
+        raise ConfigError(
+            f"{TOKEN_VARIABLE} is set but empty: set it to a token (make one with"
+            f" {MAKE_TOKEN}), or unset it to serve without one"
+        )
+
+
 @click.command(short_help="Serve the web dashboard and /metrics.")
 @click.argument("app_spec", metavar="[MODULE:APP]", required=False)
 @backend_option
@@ -70,7 +87,7 @@ def _bind(host: str, port: int) -> socket.socket:
 )
 @click.option(
     "--token",
-    envvar="CRAWLQ_DASHBOARD_TOKEN",
+    envvar=TOKEN_VARIABLE,
     show_envvar=True,
     default=None,
     help="Require this token on every page, action and /metrics (prefer the env variable):"
@@ -109,6 +126,8 @@ def dashboard(
     cache = seconds(cache, "--cache")
     if not host or not host.isprintable() or unicode_error(host):
         raise ConfigError(f"--host {shorten(host)} is not an address or a host name")
+    if token is None or token.isspace():
+        _refuse_blank_variable()
     if token is not None:
         check_token(token)
     if not is_loopback(host) and not token:
