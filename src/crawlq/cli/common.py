@@ -121,4 +121,9 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+    """`value` in standard JSON, which jq and JSON.parse read: allow_nan=False, so a number
+    with no JSON spelling (Infinity, NaN) is a ValueError here, never a document they refuse.
+    None can reach it from what the CLI prints: limits and Crawl-delays are finite (Limit
+    checks them), times are clock readings; `crawlq stats --json`'s one infinity, a block
+    for good, is written as `blocked_for_good` (observe.dashboard.stats_json)."""
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str, allow_nan=False))

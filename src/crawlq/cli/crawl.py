@@ -412,7 +412,8 @@ _COUNTED = ("pages", "errors", "throttled")
 
 
 def _report(stats: CrawlStats) -> None:
-    sys.stdout.write(json.dumps({name: getattr(stats, name) for name in _COUNTED}) + "\n")
+    counts = {name: getattr(stats, name) for name in _COUNTED}
+    sys.stdout.write(json.dumps(counts, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
