@@ -158,6 +158,9 @@ SLICES = 5  # the span cut in this many, for the rate in each
 def serve(config: Config, info: Path, log: Path) -> None:
     """Runs the synthetic web until SIGTERM, then writes every request as a JSON line."""
     from crawlq.crawl.testing import Site, SyntheticWeb
+    from crawlq.worker import collect_less_often
+
+    collect_less_often()
 
     async def main() -> None:
         sites = [
