@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from crawlq.backends import Backend, open_backend
+from crawlq.backends.base import MAX_ROBOTS_ANSWER
 from crawlq.errors import ConfigError, InvalidElement, UnknownQueue
 from crawlq.limits import DEFAULT_LIMIT
 from crawlq.tasks import prepare
@@ -466,6 +467,46 @@ async def test_a_crawl_delay_is_a_floor_under_whatever_rule_gives_the_group_its_
     assert await backend.delete_limit("new.example.test")
     assert await group_limit(backend, "new.example.test") == limit(8)
     assert not await backend.delete_limit("new.example.test")
+
+
+async def test_a_robots_answer_is_kept_for_every_worker_until_its_time(
+    url: str, clock: ManualClock
+) -> None:
+    first, second = open_backend(url, clock=clock), open_backend(url, clock=clock)
+    await first.open()
+    await second.open()
+    try:
+        assert await second.robots_answer("http://a.test") is None
+        await first.keep_robots_answer("http://a.test", b"\x00rules\xff", 60.0)
+        await first.keep_robots_answer("https://b.test:8443", b"", 5.0)
+        assert await second.robots_answer("http://a.test") == (b"\x00rules\xff", 60.0)
+        assert await second.robots_answer("https://b.test:8443") == (b"", 5.0)
+        assert await second.robots_answer("http://A.test") is None  # origins come lower-cased
+
+        clock.advance(10)
+        assert await second.robots_answer("https://b.test:8443") is None
+        assert await second.robots_answer("http://a.test") == (b"\x00rules\xff", 50.0)
+        await second.keep_robots_answer("http://a.test", b"newer", 1.5)  # fetched again
+        assert await first.robots_answer("http://a.test") == (b"newer", 1.5)
+        await second.keep_robots_answer("http://c.test", b"x" * MAX_ROBOTS_ANSWER, 1.0)
+        assert await first.robots_answer("http://c.test") == (b"x" * MAX_ROBOTS_ANSWER, 1.0)
+        clock.advance(2)
+        assert await first.robots_answer("http://a.test") is None
+
+        bad: list[tuple[str, bytes, float]] = [
+            ("", b"rules", 1.0),
+            ("http://a.test", b"x" * (MAX_ROBOTS_ANSWER + 1), 1.0),
+            ("http://a.test", "rules", 1.0),  # type: ignore[list-item]
+            ("http://a.test", b"rules", 0.0),
+            ("http://a.test", b"rules", -1.0),
+            ("http://a.test", b"rules", float("nan")),
+        ]
+        for origin, answer, seconds in bad:
+            with pytest.raises(ConfigError):
+                await first.keep_robots_answer(origin, answer, seconds)
+    finally:
+        await first.close()
+        await second.close()
 
 
 def limit(concurrency: int, interval: float = 0.0) -> Limit:

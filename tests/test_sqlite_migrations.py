@@ -91,6 +91,7 @@ async def test_a_schedule_remembered_before_schema_10_keeps_the_running_payload(
         await backend.close()
     with sqlite3.connect(path) as db:  # as schema 9 held it: the new payload was never stored
         db.execute("ALTER TABLE elements DROP COLUMN next_payload")
+        db.execute("DROP TABLE robots_answers")  # schema 11's
         db.execute("PRAGMA user_version = 9")
     db.close()
     backend = open_backend(f"sqlite:///{path}")
@@ -103,6 +104,25 @@ async def test_a_schedule_remembered_before_schema_10_keeps_the_running_payload(
     finally:
         await backend.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert db.execute("SELECT next_payload FROM elements").fetchall() == [(None,)]
+    db.close()
+
+
+async def test_a_database_of_schema_10_keeps_robots_txt_answers_once_opened(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "queue.db"
+    older_database(path, 10)
+    backend = open_backend(f"sqlite:///{path}")
+    await backend.open()
+    try:
+        await backend.keep_robots_answer("http://a.test", b"answer", 60.0)
+        kept = await backend.robots_answer("http://a.test")
+        assert kept is not None and kept[0] == b"answer"
+        assert await backend.check() == []
+    finally:
+        await backend.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 11
     db.close()

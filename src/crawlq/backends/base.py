@@ -28,6 +28,8 @@ from ..wakeup import Listener
 
 #: A worker is gone when it missed this many seconds of heartbeats (every backend).
 WORKER_TTL = 120.0
+#: The largest robots.txt answer a backend keeps (`keep_robots_answer`), in bytes.
+MAX_ROBOTS_ANSWER = 64 * 1024
 
 
 class Backend(Protocol):
@@ -108,6 +110,15 @@ class Backend(Protocol):
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         """Each named group's interval is at least its delay from now on, whatever rule gives
         it its limit (a host's robots.txt Crawl-delay). Never lowers one."""
+
+    async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        """What a worker made of `origin`'s robots.txt (`keep_robots_answer`) and for how
+        many more seconds it stands; None when no answer stands."""
+
+    async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        """Keeps `answer` for every worker on every machine for `seconds` (replacing one
+        kept before), so that robots.txt is fetched once per origin, not once per process.
+        Up to MAX_ROBOTS_ANSWER bytes."""
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         """No element of `group` starts before `until`; None lifts the block."""

@@ -10,6 +10,7 @@ from dataclasses import replace
 from .. import checks
 from ..errors import ConfigError
 from ..types import Failure, Leases, Mode, Schedule, lease_of
+from .base import MAX_ROBOTS_ANSWER
 
 
 def check_schedule(item: Schedule) -> None:
@@ -44,6 +45,17 @@ def check_block_until(until: float | None) -> None:
     as no block, Redis as "nan"."""
     if until is not None and math.isnan(until):
         raise ConfigError(f"a block's until must be a time or None, got {until!r}")
+
+
+def check_robots_answer(origin: str, answer: bytes, seconds: float) -> None:
+    """ConfigError for an answer no backend keeps alike: no origin, no bytes, too large, or
+    standing for no time."""
+    if type(origin) is not str or not origin:
+        raise ConfigError(f"a robots.txt answer needs an origin, got {origin!r}")
+    if type(answer) is not bytes or len(answer) > MAX_ROBOTS_ANSWER:
+        raise ConfigError(f"a robots.txt answer must be bytes, at most {MAX_ROBOTS_ANSWER:,}")
+    if checks.seconds(seconds, "a robots.txt answer's time") == 0:
+        raise ConfigError("a robots.txt answer must stand for some time, got 0 seconds")
 
 
 def check_leases(leases: Leases, queues: Iterable[str]) -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import math
 import os
 import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -63,6 +65,7 @@ from ..batch import (
     check_block_until,
     check_failures,
     check_leases,
+    check_robots_answer,
     check_schedule,
     merge,
 )
@@ -78,6 +81,8 @@ DEFAULT_NAMESPACE = "crawlq"
 #: The "seen" digests are spread over this many sets, so each stays a compact intset.
 SEEN_BUCKETS = 1 << 18
 SCHEMA_VERSION = "7"
+#: Heads a kept robots.txt answer (`keep_robots_answer`): until when it stands.
+ROBOTS_TIME = struct.Struct(">d")
 #: Elements one call takes at most (a schedule, a claim, dead letters requeued): Redis serves
 #: nobody else while a function runs, ~40 us an element here, and a 200,000-element
 #: schedule held every other client off for 8.5 s (BUSY once past 5 s).
@@ -713,6 +718,20 @@ class RedisBackend:
         checked = checked_crawl_delays(delays)
         pairs = [item for name, seconds in checked.items() for item in (name, seconds)]
         await self._run("crawl_delays", [False, *pairs])
+
+    async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        kept = await self._call(lambda: self.client.get(self.prefix + "ra:" + origin))
+        if kept is None or len(kept) < ROBOTS_TIME.size:
+            return None
+        left = ROBOTS_TIME.unpack_from(kept)[0] - self.now()
+        return (kept[ROBOTS_TIME.size :], left) if left > 0 else None
+
+    async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        check_robots_answer(origin, answer, seconds)
+        kept = ROBOTS_TIME.pack(self.now() + seconds) + answer
+        # Redis forgets it by its own clock, a second after the time the reader goes by.
+        expiry = math.ceil(seconds * 1000) + 1000
+        await self._call(lambda: self.client.set(self.prefix + "ra:" + origin, kept, px=expiry))
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         check_block_until(until)

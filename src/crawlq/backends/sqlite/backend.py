@@ -33,7 +33,13 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
-from ..batch import check_block_until, check_failures, check_leases, check_schedule
+from ..batch import (
+    check_block_until,
+    check_failures,
+    check_leases,
+    check_robots_answer,
+    check_schedule,
+)
 from .engine import Engine
 from .store import Store, translate
 
@@ -228,6 +234,13 @@ class SQLiteBackend:
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         checked = checked_crawl_delays(delays)
         self._wake.send(await self._call(self.engine.raise_crawl_delays, checked))
+
+    async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        return await self._call(self.engine.robots_answer, origin)
+
+    async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        check_robots_answer(origin, answer, seconds)
+        await self._call(self.engine.keep_robots_answer, origin, answer, seconds)
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         check_block_until(until)

@@ -619,6 +619,18 @@ class Engine:
                 found[name] = row[0]
         return found
 
+    def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        now = self.clock()
+        row = self.store.run("robots_answer_get", {"origin": origin, "now": now}).fetchone()
+        return None if row is None else (bytes(row[0]), row[1] - now)
+
+    def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        with self.store.transaction():
+            now = self.clock()
+            self.store.run("robots_answers_expire", {"now": now})
+            params = {"origin": origin, "answer": answer, "until": now + seconds}
+            self.store.run("robots_answer_keep", params)
+
     def raise_crawl_delays(self, delays: Mapping[str, float]) -> list[str]:
         """Backend.raise_crawl_delays; the addresses to wake."""
         with self.store.transaction():

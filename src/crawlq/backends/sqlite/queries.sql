@@ -419,3 +419,14 @@ SELECT q.name, e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.prio
  WHERE e.worker = :worker AND e.state = 2
  ORDER BY q.name, e.key
  LIMIT :limit;
+
+-- name: robots_answer_get
+SELECT answer, until FROM robots_answers WHERE origin = :origin AND until > :now;
+
+-- name: robots_answer_keep
+INSERT OR REPLACE INTO robots_answers (origin, answer, until) VALUES (:origin, :answer, :until);
+
+-- name: robots_answers_expire
+DELETE FROM robots_answers WHERE origin IN (
+    SELECT origin FROM robots_answers WHERE until <= :now ORDER BY until LIMIT 100
+);

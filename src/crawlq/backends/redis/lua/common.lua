@@ -29,6 +29,9 @@
 --   P idle              zset   groups left with nothing queued or running (and send
 --                              reservations of hosts without a group), by when nothing of them
 --                              needs keeping (`retire`)
+--   P ra:<origin>       string what a worker made of the origin's robots.txt: its time (an
+--                              8-byte big-endian double, the caller's clock) then the answer;
+--                              expires a second after its time (backend.py, not the scripts)
 --   P workers           hash   worker id -> msgpack {host, pid, queues, started, heartbeat, wake}
 --   P w:<worker>        set    the lease members ("<#q>:<q><field>") of the elements it holds
 --   P wake:<q>          pubsub channel: something became claimable in queue <q>, or due sooner
