@@ -87,6 +87,20 @@ async def test_two_processes_crawl_every_page_once_within_the_limits(tmp_path: P
     assert "0 left in the queue" in text
 
 
+async def test_two_processes_fetch_each_robots_txt_once_and_both_obey_it(tmp_path: Path) -> None:
+    rules = "User-agent: *\nDisallow: /page/13\n"
+    sites = [Site(name=s, pages=PAGES, latency=0.01, robots=rules) for s in SITES]
+    async with SyntheticWeb(sites) as net:
+        process = await start(net, tmp_path, "--no-progress")
+        _, stderr = await asyncio.wait_for(process.communicate(), GUARD)
+        assert process.returncode == 0, stderr.decode()
+        robots = Counter(h.host for h in net.hits if h.path == "/robots.txt")
+        fetched = {(h.host, h.path) for h in net.hits if h.path.startswith("/page/")}
+    # Each site's other pages are found on its /page/0, fetched after its robots.txt.
+    assert robots == Counter({s: 1 for s in SITES})
+    assert fetched == {(s, f"/page/{n}") for s in SITES for n in range(PAGES) if n != 13}
+
+
 async def test_ctrl_c_stops_every_process_and_the_same_command_finishes(tmp_path: Path) -> None:
     reached, release = asyncio.Event(), asyncio.Event()
 

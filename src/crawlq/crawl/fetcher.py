@@ -602,7 +602,7 @@ class Fetcher:
                 await self._check_address(current, parsed)
                 if use_robots:
                     slot = None
-                    if pace is not None and not self.robots.known(current):
+                    if pace is not None and not await self.robots.recall(current):
                         slot = await pace(current)  # robots.txt is paced like any request
                     with self._sending_on(slot):
                         await self.robots.check(current)

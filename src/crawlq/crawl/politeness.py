@@ -447,6 +447,8 @@ class Politeness:
         pause (the group is then blocked), FetchError for every other failure."""
         if self.backend.epoch != self._epoch:
             await self._store_again()
+        if fetcher.robots.store is None:
+            fetcher.robots.store = self.backend  # robots.txt answers shared by every worker
         self.tidy(fetcher)
         first = group or url_host(url)
 

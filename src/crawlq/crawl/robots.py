@@ -7,6 +7,12 @@ error that says until when (`FetchError.until`, when robots.txt is asked again),
 crawler pauses the site in the queue till then, so each retry of a page meets a fresh answer
 and no worker waits.
 
+Every worker of a crawl, on every machine, shares what it made of an origin's robots.txt
+through the backend (`RobotsStore`): the first to meet the origin fetches it and keeps the
+answer there (its text, or that everything is allowed, or that it is unreachable and until
+when), and the others read it instead of fetching it again. Two processes meeting a new
+origin at the same moment may both fetch it; after that, nobody does until it expires.
+
 A hostile robots.txt must not stall the worker: 512 KiB of rules take protego 0.1 s to parse
 and, with tens of thousands of wildcard rules, 15 ms or more to match one URL. A large file
 is parsed in a thread; the rules of one with over MAX_CHEAP_PATTERNS wildcard rules are
@@ -18,15 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import re
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from protego import Protego
 
+from ..backends.base import MAX_ROBOTS_ANSWER
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .response import Response
 
@@ -54,6 +64,12 @@ _PLAIN_ORIGIN = re.compile(r"(https?://[a-z0-9.:-]+)(?=[/?#]|\Z)")
 _NO_RULE = re.compile(r"user[\s-]*agent|site-?maps?\b", re.IGNORECASE)
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
 UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
+#: Unreachable for a reason of this worker's own (its address rules, its proxies, its login):
+#: not an answer for the others.
+NOT_SHARED = frozenset({Reason.BLOCKED, Reason.PROXY, Reason.LOGIN_FAILED})
+#: At most this many bytes of a kept answer are inflated (a robots.txt is cut at
+#: MAX_ROBOTS_BYTES characters, each up to 4 bytes, plus JSON escaping).
+MAX_ANSWER_BYTES = 8 * MAX_ROBOTS_BYTES
 #: A site paused until its unreachable robots.txt expires is claimed again a little after,
 #: so the page that comes back finds it expired (the pause counts by the wall clock).
 UNTIL_SLACK = 0.01
@@ -68,6 +84,14 @@ class Rules:
     delay: float | None = None  # Crawl-delay or Request-rate, seconds per request
     size: int = RULES_OVERHEAD  # about what it takes in memory
     costly: bool = False  # matched in a thread, and only for a page about to be fetched
+
+
+class RobotsStore(Protocol):
+    """Where the workers of a crawl keep robots.txt answers for each other: the backend."""
+
+    async def robots_answer(self, origin: str) -> tuple[bytes, float] | None: ...
+
+    async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None: ...
 
 
 @functools.lru_cache(maxsize=4096)
@@ -106,6 +130,9 @@ class RobotsCache:
         self._rules: OrderedDict[str, Rules] = OrderedDict()
         self._size = 0  # of the rules kept
         self._pending: dict[str, asyncio.Future[Rules]] = {}
+        #: Shared with the crawl's other workers through it, once a worker's politeness
+        #: (which has the backend) has used this cache.
+        self.store: RobotsStore | None = None
 
     async def rules(self, url: str) -> Rules:
         key = origin(url)
@@ -123,14 +150,32 @@ class RobotsCache:
                 return pending.result()
             # The task fetching it was cancelled: one of those waiting fetches it instead.
 
+    async def recall(self, url: str) -> bool:
+        """Whether `url`'s rules are at hand, or kept by another worker (then they are at
+        hand from now on): checking it sends no robots.txt request."""
+        if self.known(url):
+            return True
+        key = origin(url)
+        if self.store is None or key in self._pending:
+            return False
+        rules = await self._recalled(key)
+        if rules is None:
+            return False
+        self._keep(key, rules)
+        return True
+
     async def _load_for_all(self, key: str, url: str) -> Rules:
-        """Loads `key`'s rules for this task and every one that asks meanwhile. If this task
-        is cancelled, so is the request (its lease or send slot may be gone): the others are
-        woken, and the first of them fetches robots.txt again, on its own slot."""
+        """Loads `key`'s rules for this task and every one that asks meanwhile: another
+        worker's answer, else robots.txt itself. If this task is cancelled, so is the
+        request (its lease or send slot may be gone): the others are woken, and the first
+        of them fetches robots.txt again, on its own slot."""
         future: asyncio.Future[Rules] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            rules = await self._load(url)
+            rules = await self._recalled(key)
+            if rules is None:
+                rules, answer = await self._load(url)
+                await self._share(key, rules, answer)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -140,16 +185,22 @@ class RobotsCache:
             raise
         finally:
             del self._pending[key]
+        self._keep(key, rules)
+        future.set_result(rules)
+        return rules
+
+    def _keep(self, key: str, rules: Rules) -> None:
         replaced = self._rules.pop(key, None)
         self._size += rules.size - (replaced.size if replaced is not None else 0)
         self._rules[key] = rules
         while len(self._rules) > MAX_ORIGINS or self._size > MAX_RULES_BYTES:
             self._size -= self._rules.popitem(last=False)[1].size
-        future.set_result(rules)
-        return rules
 
-    async def _load(self, url: str) -> Rules:
+    async def _load(self, url: str) -> tuple[Rules, dict[str, Any] | None]:
+        """The rules robots.txt gives, and the answer to keep for the other workers (None:
+        one of this worker's own)."""
         now = self._clock()
+        allowed = {"allowed": True}
         try:
             response = await self._fetch(url)
         except Throttled:
@@ -157,24 +208,66 @@ class RobotsCache:
         except FetchError as exc:
             if exc.reason is Reason.TOO_LARGE or exc.reason in UNAVAILABLE:
                 # Unavailable (RFC 9309), or inflated past the cap (a bomb): no rules.
-                return Rules(None, None, now + self._ttl)
+                return Rules(None, None, now + self._ttl), allowed
             # The site itself is unreachable: its pages fail for the same reason.
             detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
             if exc.reason is Reason.BLOCKED:
                 detail = exc.detail  # the site's address is refused, not its robots.txt
-            return Rules(None, detail, now + self._retry, exc.reason)
+            unreachable = {"unavailable": detail, "failure": exc.reason.value}
+            rules = Rules(None, detail, now + self._retry, exc.reason)
+            return rules, None if exc.reason in NOT_SHARED else unreachable
         if response.status >= 500 or response.status == 429:
-            return Rules(None, f"robots.txt answered {response.status}", now + self._retry)
+            detail = f"robots.txt answered {response.status}"
+            unavailable = {"unavailable": detail, "failure": Reason.ROBOTS_UNAVAILABLE.value}
+            return Rules(None, detail, now + self._retry), unavailable
         if response.status >= 400 or response.is_redirect:
-            return Rules(None, None, now + self._ttl)
+            return Rules(None, None, now + self._ttl), allowed
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
+        return await self._parsed(text, now + self._ttl), {"text": text}
+
+    async def _parsed(self, text: str, expires: float) -> Rules:
         if len(text) > INLINE_ROBOTS_CHARS:
             parser, costly = await asyncio.to_thread(_parse, text)
         else:
             parser, costly = _parse(text)
         size = RULES_OVERHEAD + PARSED_BYTES_PER_BYTE * len(text)
         delay = self._delay(parser)
-        return Rules(parser, None, now + self._ttl, delay=delay, size=size, costly=costly)
+        return Rules(parser, None, expires, delay=delay, size=size, costly=costly)
+
+    async def _share(self, key: str, rules: Rules, answer: dict[str, Any] | None) -> None:
+        """Keeps `answer` for the other workers while `rules` stand (not one too large for
+        the backend: each worker then fetches that robots.txt itself)."""
+        seconds = rules.expires - self._clock()
+        if self.store is None or answer is None or seconds <= 0:
+            return
+        packed = zlib.compress(json.dumps(answer).encode())
+        if len(packed) <= MAX_ROBOTS_ANSWER:
+            await self.store.keep_robots_answer(key, packed, seconds)
+
+    async def _recalled(self, key: str) -> Rules | None:
+        """The rules of the answer another worker kept for `key`, if one stands (one this
+        crawlq cannot read counts as none: robots.txt is fetched again)."""
+        kept = None if self.store is None else await self.store.robots_answer(key)
+        if kept is None:
+            return None
+        packed, seconds = kept
+        expires = self._clock() + seconds
+        try:
+            inflater = zlib.decompressobj()
+            answer = json.loads(inflater.decompress(packed, MAX_ANSWER_BYTES))
+            if inflater.unconsumed_tail or not isinstance(answer, dict):
+                return None
+            if answer.get("allowed") is True:
+                return Rules(None, None, expires)
+            if isinstance(text := answer.get("text"), str):
+                return await self._parsed(text[:MAX_ROBOTS_BYTES], expires)
+            detail, failure = answer.get("unavailable"), answer.get("failure")
+            if isinstance(detail, str) and isinstance(failure, str):
+                reason = Reason(failure)
+                return None if reason in NOT_SHARED else Rules(None, detail, expires, reason)
+        except (zlib.error, ValueError):  # json's errors are ValueErrors, as Reason's are
+            return None
+        return None
 
     def _delay(self, parser: Protego) -> float | None:
         delay = parser.crawl_delay(self._agent)
