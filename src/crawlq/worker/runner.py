@@ -206,6 +206,7 @@ class Worker:
 
     async def _claim_loop(self, backend: Backend, listener: Listener) -> None:
         outage_pause = 0.1
+        outage = _Outage(self.id, "claims")
         restarts = 0  # claims in a row that found Redis restarted
         while not self._stop.is_set():
             free = self.concurrency - len(self._inflight)
@@ -234,11 +235,11 @@ class Worker:
                 restarts = 0
             except BackendError as exc:
                 # A backend that went away (Redis restarting): keep running tasks, retry.
-                pause = min(MAX_OUTAGE_PAUSE, outage_pause)
-                log.warning("worker %s: claim failed (%s); retrying in %.1fs", self.id, exc, pause)
-                await self._wait_any([self._stop], pause)
+                outage.failed(exc, "claim")
+                await self._wait_any([self._stop], min(MAX_OUTAGE_PAUSE, outage_pause))
                 outage_pause *= 2
                 continue
+            outage.ended()
             outage_pause = 0.1
             for claimed in result.elements:
                 self._start(backend, claimed, sent + self.leases[claimed.queue])
@@ -455,18 +456,21 @@ class Worker:
     async def _flusher(self, backend: Backend) -> None:
         """Writes finished elements in batches, until the worker closes and all is written, or
         the writes still fail once closing is past its deadline or hurried."""
+        outage = _Outage(self.id, "records of finished elements")
         while not (self._closing and not self._acks and not self._failures):
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
                 await self._flush(backend)
-            except Exception:
+            except Exception as exc:
                 if self._closing and self._past_closing_deadline():
                     self._give_up_writes()
                     return
-                log.exception("worker %s could not record finished elements; retrying", self.id)
+                outage.failed(exc, "recording finished elements")
                 await self._flush_retry_pause()
                 self._flush_wanted.set()
+                continue
+            outage.ended()
 
     def _past_closing_deadline(self) -> bool:
         return self._hurry.is_set() or time.monotonic() >= self._closing_deadline
@@ -562,7 +566,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         registered = backend.epoch
         replant_at = loop.time() + cron.REPLANT_EVERY
-        outage = _Outage(self.id)
+        outage = _Outage(self.id, "heartbeats")
         while True:
             await asyncio.sleep(interval)
             if backend.epoch != registered:  # a Redis back from a crash may have lost it
@@ -622,13 +626,15 @@ _UNREACHABLE = (BackendUnavailable, ConnectionError, TimeoutError)
 
 
 class _Outage:
-    """A worker's heartbeats while the backend cannot be reached (Redis stopped, restarting,
-    cut off): one WARNING as they start failing, with the reason, and one INFO once a beat
-    succeeds again; the beats failing meanwhile at DEBUG. They logged a traceback every beat.
-    Any other error is logged with its traceback each time: that is a bug to see."""
+    """One of a worker's loops (heartbeats, claims, records of finished elements) while the
+    backend cannot be reached (Redis stopped, restarting, cut off): one WARNING as its calls
+    start failing, with the reason, and one INFO once one succeeds again; the calls failing
+    meanwhile at DEBUG. They logged a line, or a traceback, at each try. Any other error is
+    logged with its traceback each time: that is a bug to see."""
 
-    def __init__(self, worker: str) -> None:
+    def __init__(self, worker: str, what: str) -> None:
         self.worker = worker
+        self.what = what  # plural: "... succeed again"
         self.since: float | None = None  # time.monotonic() of the first failure
         self.failures = 0
 
@@ -640,22 +646,24 @@ class _Outage:
         if self.since is None:
             self.since = time.monotonic()
             log.warning(
-                "worker %s: %s failed, the backend unreachable: %s; retrying every beat, "
-                "quietly until a heartbeat succeeds",
+                "worker %s: %s failed, the backend unreachable: %s; retrying, quietly until "
+                "%s succeed again",
                 self.worker,
                 doing,
                 exc,
+                self.what,
             )
         else:
             log.debug("worker %s: %s failed again: %s", self.worker, doing, exc)
 
     def ended(self) -> None:
-        """A beat succeeded."""
+        """A call succeeded."""
         if self.since is None:
             return
         log.info(
-            "worker %s: heartbeats succeed again, after %d failed in %.1f s",
+            "worker %s: %s succeed again, after %d failed in %.1f s",
             self.worker,
+            self.what,
             self.failures,
             time.monotonic() - self.since,
         )
