@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from crawlq.backends.redis import backend as backend_module
 from crawlq.backends.redis.backend import RedisBackend
 from crawlq.errors import BackendUnavailable
 from crawlq.testing.redis_server import RedisServer
@@ -106,3 +107,36 @@ def test_the_cli_still_says_cannot_reach_for_a_server_that_is_not_there(cli: Cli
         server.remove()
     assert line.startswith(f"Error: cannot reach Redis at redis://***@127.0.0.1:{server.port}/0")
     assert PASSWORD not in line
+
+
+async def test_a_password_changed_under_a_running_backend_is_named_as_such(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its connections cut (as a rotation does), each call reconnects and is refused: that
+    is a refused login, not a lost server."""
+    monkeypatch.setattr(backend_module, "RECONNECT_PATIENCE", 0.3)
+    server = RedisServer()
+    server.start()
+    admin = redis.Redis.from_url(server.url)
+    at = f"127.0.0.1:{server.port}/0"
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "rotated", "on", f">{USER_PASSWORD}", "~*", "&*", "+@all"
+    )
+    backend = RedisBackend(f"redis://rotated:{USER_PASSWORD}@{at}")
+    try:
+        await backend.open()
+        assert await backend.queue_stats() == []
+        admin.execute_command(  # type: ignore[no-untyped-call]
+            "ACL", "SETUSER", "rotated", "resetpass", f">{WRONG}"
+        )
+        admin.execute_command("CLIENT", "KILL", "USER", "rotated")  # type: ignore[no-untyped-call]
+        for call in (backend.queue_stats(), backend.limits(), backend.check()):
+            with pytest.raises(BackendUnavailable) as refused:
+                await call
+            message = str(refused.value)
+            assert message.startswith(f"Redis at redis://***@{at} refused the credentials"), message
+            assert USER_PASSWORD not in message and WRONG not in message
+    finally:
+        await backend.close()
+        admin.close()
+        server.remove()

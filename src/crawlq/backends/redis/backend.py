@@ -235,9 +235,7 @@ class RedisBackend:
             raise BackendUnavailable(f"cannot use Redis at {self.url}: {exc}{_hint(exc)}") from None
         except AuthenticationError as exc:  # reached, and the login refused (a ConnectionError)
             await client.aclose()
-            raise BackendUnavailable(
-                f"Redis at {self.url} refused the credentials: {exc}{self._login_hint()}"
-            ) from None
+            raise self._failure(exc) from None
         except RedisError as exc:
             await client.aclose()
             raise BackendUnavailable(
@@ -397,12 +395,18 @@ class RedisBackend:
 
         try:
             return await self._patiently(call)
-        except (ConnectionError, TimeoutError) as exc:
-            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
-            raise BackendError(
-                f"Redis at {self.url} failed in {script}: {exc}{_hint(exc)}"
-            ) from None
+            raise self._failure(exc, f" in {script}") from None
+
+    def _failure(self, exc: RedisError, where: str = "") -> BackendError:
+        """A running call's error as crawlq reports it. A login refused on reconnecting (the
+        password changed under a running worker) is said as such, not as a lost server."""
+        if isinstance(exc, AuthenticationError):
+            why = f"{exc}{self._login_hint()}"
+            return BackendUnavailable(f"Redis at {self.url} refused the credentials: {why}")
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return BackendUnavailable(f"lost Redis at {self.url}: {exc}")
+        return BackendError(f"Redis at {self.url} failed{where}: {exc}{_hint(exc)}")
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         """Plain commands, with the same error translation as scripts. They go over redis-py's
@@ -422,10 +426,8 @@ class RedisBackend:
 
         try:
             return await self._patiently(bounded)
-        except (ConnectionError, TimeoutError) as exc:
-            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
-            raise BackendError(f"Redis at {self.url} failed: {exc}{_hint(exc)}") from None
+            raise self._failure(exc) from None
 
     async def _hget(self, key: str, field: bytes | str) -> bytes | None:
         async def read() -> bytes | None:
@@ -902,10 +904,8 @@ class RedisBackend:
         as a whole (it reads everything), but its errors are reported as every other call's."""
         try:
             problems = await check(self.client, self.prefix, self.now())
-        except (ConnectionError, TimeoutError) as exc:
-            raise BackendUnavailable(f"lost Redis at {self.url}: {exc}") from None
         except RedisError as exc:
-            raise BackendError(f"Redis at {self.url} failed: {exc}{_hint(exc)}") from None
+            raise self._failure(exc) from None
         return [redact(problem) for problem in problems]
 
     # -- dead letters -------------------------------------------------------------------------
