@@ -130,9 +130,9 @@ async def test_a_password_changed_under_a_running_backend_is_named_as_such(
             "ACL", "SETUSER", "rotated", "resetpass", f">{WRONG}"
         )
         admin.execute_command("CLIENT", "KILL", "USER", "rotated")  # type: ignore[no-untyped-call]
-        for call in (backend.queue_stats(), backend.limits(), backend.check()):
+        for call in (backend.queue_stats, backend.limits, backend.check):
             with pytest.raises(BackendUnavailable) as refused:
-                await call
+                await call()
             message = str(refused.value)
             assert message.startswith(f"Redis at redis://***@{at} refused the credentials"), message
             assert USER_PASSWORD not in message and WRONG not in message

@@ -20,11 +20,13 @@ from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.response import Response
-from crawlq.crawl.robots import RobotsCache, origin
+from crawlq.crawl.robots import RECALL_MARGIN, RobotsCache, origin
 from crawlq.crawl.testing import Site, SyntheticWeb, respond
+from crawlq.errors import BackendUnavailable
 
 from ..helpers import ManualClock
 from .conftest import fetch_settings
+from .test_review_robots import answer
 
 RULES = "User-agent: *\nDisallow: /page/2\n"
 TTL = 3600.0
@@ -130,11 +132,14 @@ async def test_an_answer_this_crawlq_cannot_read_is_fetched_again_and_replaced(
     assert json.loads(zlib.decompress(kept[0])) == {"text": RULES}
 
 
-@pytest.mark.parametrize("reason", [Reason.PROXY, Reason.BLOCKED, Reason.LOGIN_FAILED])
-async def test_a_robots_txt_unreachable_for_a_reason_of_the_workers_own_is_kept_by_none(
+@pytest.mark.parametrize(
+    "reason", [Reason.PROXY, Reason.BLOCKED, Reason.LOGIN_FAILED, Reason.TLS, Reason.DNS]
+)
+async def test_a_robots_txt_this_worker_got_no_answer_for_is_kept_by_none(
     url: str, clock: ManualClock, reason: Reason
 ) -> None:
-    """Its proxies, its address rules or its login: another worker may well reach it."""
+    """Its proxies, address rules, login, certificates or resolve map may be its own: another
+    worker may well reach the site."""
     asked: list[str] = []
 
     async def fetch(robots_url: str) -> Response:
@@ -149,10 +154,76 @@ async def test_a_robots_txt_unreachable_for_a_reason_of_the_workers_own_is_kept_
         rules = await cache.rules("http://a.test/page/1")
         assert rules.unavailable is not None and rules.failure is reason
         assert await backend.robots_answer("http://a.test") is None
-        assert not await cache.recall("http://b.test/page/1")
     finally:
         await backend.close()
     assert asked == ["http://a.test/robots.txt"]
+
+
+async def test_a_robots_txt_cut_short_by_this_workers_size_cap_is_kept_by_none(
+    url: str, clock: ManualClock
+) -> None:
+    """A worker reading only its first `max_bytes` could pass on a file without its last
+    rules: the others would fetch what it disallows."""
+    short, long = "User-agent: *\nDisallow: /page/2\n", "# " + "x" * 600 + "\n" + RULES
+    sites = [Site(name="a.test", pages=3, robots=short), Site(name="b.test", pages=3, robots=long)]
+    async with SyntheticWeb(sites) as net:
+        settings = fetch_settings(net, max_bytes=500)
+        async with Fetcher(settings) as fetcher, workers(net, url, clock, count=1) as (worker,):
+            capped = Worker(worker.backend, fetcher)
+            for name in ("a.test", "b.test"):
+                assert (await capped.fetch(net.url(name, "/page/1"))).status == 200
+            kept = [
+                await worker.backend.robots_answer(origin(net.url(n))) for n in ("a.test", "b.test")
+            ]
+    assert kept[0] is not None and kept[1] is None
+
+
+class Unreachable:
+    """A store whose backend is gone."""
+
+    async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        raise BackendUnavailable("lost the backend")
+
+    async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        raise BackendUnavailable("lost the backend")
+
+
+async def test_a_store_that_fails_leaves_robots_txt_to_be_fetched_as_without_it() -> None:
+    asked: list[str] = []
+
+    async def fetch(robots_url: str) -> Response:
+        asked.append(robots_url)
+        return answer(RULES)
+
+    cache = RobotsCache(fetch, "crawlq", ttl=TTL)
+    cache.store = Unreachable()
+    assert not await cache.recall("http://a.test/page/2")
+    with pytest.raises(FetchError) as refused:
+        await cache.check("http://a.test/page/2")
+    assert refused.value.reason is Reason.ROBOTS_DISALLOWED
+    await cache.check("http://a.test/page/1")
+    assert asked == ["http://a.test/robots.txt"]
+
+
+async def test_an_answer_about_to_expire_is_not_recalled(url: str, clock: ManualClock) -> None:
+    """`check` must find recalled rules standing, or it would fetch robots.txt unpaced."""
+
+    async def fetch(robots_url: str) -> Response:
+        raise AssertionError("not fetched")
+
+    backend = open_backend(url, clock=clock)
+    await backend.open()
+    try:
+        cache = RobotsCache(fetch, "crawlq", ttl=TTL)
+        cache.store = backend
+        packed = zlib.compress(json.dumps({"text": RULES}).encode())
+        await backend.keep_robots_answer("http://a.test", packed, RECALL_MARGIN / 2)
+        assert not await cache.recall("http://a.test/page/1")
+        await backend.keep_robots_answer("http://a.test", packed, 60.0)
+        assert await cache.recall("http://a.test/page/1")
+        assert cache.disallows("http://a.test/page/2")
+    finally:
+        await backend.close()
 
 
 async def test_a_robots_txt_too_large_to_keep_is_fetched_by_each_worker(

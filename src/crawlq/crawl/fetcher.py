@@ -265,6 +265,7 @@ class Fetcher:
             self.settings.user_agent,
             ttl=self.settings.robots_ttl,
             retry=self.settings.robots_retry,
+            kept_bytes=min(MAX_ROBOTS_BYTES, self.settings.max_bytes),
         )
 
     async def __aenter__(self) -> Fetcher:
@@ -684,7 +685,7 @@ class Fetcher:
             current = target
 
     async def _fetch_robots(self, url: str) -> Response:
-        keep = min(MAX_ROBOTS_BYTES, self.settings.max_bytes)
+        keep = self.robots.kept_bytes
         return await self.request(self.session(url), "GET", url, robots=False, keep=keep)
 
     async def _send(

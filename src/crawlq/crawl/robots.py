@@ -9,9 +9,13 @@ and no worker waits.
 
 Every worker of a crawl, on every machine, shares what it made of an origin's robots.txt
 through the backend (`RobotsStore`): the first to meet the origin fetches it and keeps the
-answer there (its text, or that everything is allowed, or that it is unreachable and until
-when), and the others read it instead of fetching it again. Two processes meeting a new
-origin at the same moment may both fetch it; after that, nobody does until it expires.
+answer there (its text, or that everything is allowed, or that the site answered 5xx and
+until when), and the others read it instead of fetching it again. Only what the server
+answered is shared: a failure to get an answer (no connection, TLS, DNS, a proxy, a body cut
+short by this worker's size cap) may be this worker's own, and stays with it. Two processes
+meeting a new origin at the same moment may both fetch it; after that, nobody does until it
+expires. The store is a help, never a need: a backend error reading or keeping an answer is
+logged, and robots.txt is fetched as without it.
 
 A hostile robots.txt must not stall the worker: 512 KiB of rules take protego 0.1 s to parse
 and, with tens of thousands of wildcard rules, 15 ms or more to match one URL. A large file
@@ -36,11 +40,15 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
+from .. import checks
 from ..backends.base import MAX_ROBOTS_ANSWER
+from ..observe.logs import logger
 from .errors import TRANSIENT, FetchError, Reason, Throttled
 from .response import Response
 
 RobotsFetch = Callable[[str], Awaitable[Response]]
+
+log = logger("crawlq.crawl")
 
 MAX_ORIGINS = 10_000
 #: And at most about this many bytes of parsed rules: protego keeps about 6 bytes for each
@@ -64,9 +72,9 @@ _PLAIN_ORIGIN = re.compile(r"(https?://[a-z0-9.:-]+)(?=[/?#]|\Z)")
 _NO_RULE = re.compile(r"user[\s-]*agent|site-?maps?\b", re.IGNORECASE)
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
 UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
-#: Unreachable for a reason of this worker's own (its address rules, its proxies, its login):
-#: not an answer for the others.
-NOT_SHARED = frozenset({Reason.BLOCKED, Reason.PROXY, Reason.LOGIN_FAILED})
+#: An answer another worker kept is recalled only with at least this long left: `check`
+#: must find it standing right after, or it would fetch robots.txt on no send slot.
+RECALL_MARGIN = 1.0
 #: At most this many bytes of a kept answer are inflated (a robots.txt is cut at
 #: MAX_ROBOTS_BYTES characters, each up to 4 bytes, plus JSON escaping).
 MAX_ANSWER_BYTES = 8 * MAX_ROBOTS_BYTES
@@ -120,9 +128,11 @@ class RobotsCache:
         *,
         ttl: float,
         retry: float = 60.0,
+        kept_bytes: int = MAX_ROBOTS_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetch = fetch
+        self.kept_bytes = kept_bytes  # of a robots.txt, by `fetch`: what it cuts it to
         self._agent = user_agent.split("/", 1)[0]
         self._ttl = ttl
         self._retry = retry  # how long an unreachable robots.txt stands before it is asked again
@@ -159,7 +169,7 @@ class RobotsCache:
         if self.store is None or key in self._pending:
             return False
         rules = await self._recalled(key)
-        if rules is None:
+        if rules is None or rules.expires < self._clock() + RECALL_MARGIN:
             return False
         self._keep(key, rules)
         return True
@@ -171,11 +181,11 @@ class RobotsCache:
         of them fetches robots.txt again, on its own slot."""
         future: asyncio.Future[Rules] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
+        answer = None
         try:
             rules = await self._recalled(key)
             if rules is None:
                 rules, answer = await self._load(url)
-                await self._share(key, rules, answer)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -187,6 +197,8 @@ class RobotsCache:
             del self._pending[key]
         self._keep(key, rules)
         future.set_result(rules)
+        if answer is not None:  # before this task's own request: a page it finds may ask
+            await self._share(key, rules, answer)
         return rules
 
     def _keep(self, key: str, rules: Rules) -> None:
@@ -198,7 +210,7 @@ class RobotsCache:
 
     async def _load(self, url: str) -> tuple[Rules, dict[str, Any] | None]:
         """The rules robots.txt gives, and the answer to keep for the other workers (None:
-        one of this worker's own)."""
+        no answer of the server's, or one cut short by this worker's own size cap)."""
         now = self._clock()
         allowed = {"allowed": True}
         try:
@@ -208,22 +220,21 @@ class RobotsCache:
         except FetchError as exc:
             if exc.reason is Reason.TOO_LARGE or exc.reason in UNAVAILABLE:
                 # Unavailable (RFC 9309), or inflated past the cap (a bomb): no rules.
-                return Rules(None, None, now + self._ttl), allowed
+                return Rules(None, None, now + self._ttl), None
             # The site itself is unreachable: its pages fail for the same reason.
             detail = f"robots.txt unreachable: {exc.detail or exc.reason.value}"
             if exc.reason is Reason.BLOCKED:
                 detail = exc.detail  # the site's address is refused, not its robots.txt
-            unreachable = {"unavailable": detail, "failure": exc.reason.value}
-            rules = Rules(None, detail, now + self._retry, exc.reason)
-            return rules, None if exc.reason in NOT_SHARED else unreachable
+            return Rules(None, detail, now + self._retry, exc.reason), None
         if response.status >= 500 or response.status == 429:
             detail = f"robots.txt answered {response.status}"
-            unavailable = {"unavailable": detail, "failure": Reason.ROBOTS_UNAVAILABLE.value}
-            return Rules(None, detail, now + self._retry), unavailable
+            return Rules(None, detail, now + self._retry), {"unavailable": detail}
         if response.status >= 400 or response.is_redirect:
             return Rules(None, None, now + self._ttl), allowed
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
-        return await self._parsed(text, now + self._ttl), {"text": text}
+        cut_short = len(response.body) >= self.kept_bytes < MAX_ROBOTS_BYTES
+        answer = None if cut_short else {"text": text}
+        return await self._parsed(text, now + self._ttl), answer
 
     async def _parsed(self, text: str, expires: float) -> Rules:
         if len(text) > INLINE_ROBOTS_CHARS:
@@ -234,20 +245,32 @@ class RobotsCache:
         delay = self._delay(parser)
         return Rules(parser, None, expires, delay=delay, size=size, costly=costly)
 
-    async def _share(self, key: str, rules: Rules, answer: dict[str, Any] | None) -> None:
+    async def _share(self, key: str, rules: Rules, answer: dict[str, Any]) -> None:
         """Keeps `answer` for the other workers while `rules` stand (not one too large for
         the backend: each worker then fetches that robots.txt itself)."""
-        seconds = rules.expires - self._clock()
-        if self.store is None or answer is None or seconds <= 0:
+        seconds = min(rules.expires - self._clock(), checks.MAX_SECONDS)
+        if self.store is None or not seconds > 0:
             return
         packed = zlib.compress(json.dumps(answer).encode())
-        if len(packed) <= MAX_ROBOTS_ANSWER:
+        if len(packed) > MAX_ROBOTS_ANSWER:
+            return
+        try:
             await self.store.keep_robots_answer(key, packed, seconds)
+        except Exception as exc:
+            log.warning(
+                "could not keep the robots.txt answer of %s for other workers: %s", key, exc
+            )
 
     async def _recalled(self, key: str) -> Rules | None:
         """The rules of the answer another worker kept for `key`, if one stands (one this
         crawlq cannot read counts as none: robots.txt is fetched again)."""
-        kept = None if self.store is None else await self.store.robots_answer(key)
+        if self.store is None:
+            return None
+        try:
+            kept = await self.store.robots_answer(key)
+        except Exception as exc:
+            log.warning("could not read the robots.txt answer of %s: %s", key, exc)
+            return None
         if kept is None:
             return None
         packed, seconds = kept
@@ -261,11 +284,9 @@ class RobotsCache:
                 return Rules(None, None, expires)
             if isinstance(text := answer.get("text"), str):
                 return await self._parsed(text[:MAX_ROBOTS_BYTES], expires)
-            detail, failure = answer.get("unavailable"), answer.get("failure")
-            if isinstance(detail, str) and isinstance(failure, str):
-                reason = Reason(failure)
-                return None if reason in NOT_SHARED else Rules(None, detail, expires, reason)
-        except (zlib.error, ValueError):  # json's errors are ValueErrors, as Reason's are
+            if isinstance(detail := answer.get("unavailable"), str):
+                return Rules(None, detail, expires)
+        except (zlib.error, ValueError, RecursionError):  # json's errors are ValueErrors
             return None
         return None
 
