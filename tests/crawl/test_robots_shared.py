@@ -7,7 +7,10 @@ processes have them; the backend's clock is a manual one, so answers expire when
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import math
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,9 +23,10 @@ from crawlq.crawl.errors import FetchError, Reason
 from crawlq.crawl.fetcher import Fetcher
 from crawlq.crawl.politeness import Politeness
 from crawlq.crawl.response import Response
-from crawlq.crawl.robots import RECALL_MARGIN, RobotsCache, origin
+from crawlq.crawl.robots import RECALL_MARGIN, STORE_PAUSE, RobotsCache, origin
+from crawlq.crawl.settings import FetchSettings
 from crawlq.crawl.testing import Site, SyntheticWeb, respond
-from crawlq.errors import BackendUnavailable
+from crawlq.errors import BackendUnavailable, ConfigError
 
 from ..helpers import ManualClock
 from .conftest import fetch_settings
@@ -121,13 +125,18 @@ async def test_an_answer_this_crawlq_cannot_read_is_fetched_again_and_replaced(
     async with SyntheticWeb([Site(name="a.test", pages=3, robots=RULES)]) as net:
         key = origin(net.url("a.test"))
         async with workers(net, url, clock, count=1) as (worker,):
-            for unreadable in (b"not zlib", zlib.compress(b"[1, 2]"), zlib.compress(b'{"x": 1}')):
+            for unreadable in (
+                b"not zlib",
+                zlib.compress(b"[1, 2]"),
+                zlib.compress(b'{"x": 1}'),
+                zlib.compress(b"[" * 100_000),  # deeper than json can read
+            ):
                 await worker.backend.keep_robots_answer(key, unreadable, 60.0)
                 fresh = Worker(worker.backend, Fetcher(fetch_settings(net, robots_ttl=TTL)))
                 async with fresh.fetcher:
                     assert (await fresh.fetch(net.url("a.test", "/page/1"))).status == 200
             kept = await worker.backend.robots_answer(key)
-    assert robots_requests(net) == 3
+    assert robots_requests(net) == 4
     assert kept is not None and TTL - 5 < kept[1] <= TTL
     assert json.loads(zlib.decompress(kept[0])) == {"text": RULES}
 
@@ -181,14 +190,23 @@ async def test_a_robots_txt_cut_short_by_this_workers_size_cap_is_kept_by_none(
 class Unreachable:
     """A store whose backend is gone."""
 
+    def __init__(self) -> None:
+        self.calls = 0
+
     async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
+        self.calls += 1
         raise BackendUnavailable("lost the backend")
 
     async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
+        self.calls += 1
         raise BackendUnavailable("lost the backend")
 
 
-async def test_a_store_that_fails_leaves_robots_txt_to_be_fetched_as_without_it() -> None:
+async def test_a_store_that_fails_is_one_warning_and_robots_txt_is_fetched_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each call to a backend that cannot be reached takes its reconnect patience: after
+    one fails, the store is left alone for a while."""
     asked: list[str] = []
 
     async def fetch(robots_url: str) -> Response:
@@ -196,13 +214,66 @@ async def test_a_store_that_fails_leaves_robots_txt_to_be_fetched_as_without_it(
         return answer(RULES)
 
     cache = RobotsCache(fetch, "crawlq", ttl=TTL)
-    cache.store = Unreachable()
+    cache.store = store = Unreachable()
     assert not await cache.recall("http://a.test/page/2")
     with pytest.raises(FetchError) as refused:
         await cache.check("http://a.test/page/2")
     assert refused.value.reason is Reason.ROBOTS_DISALLOWED
     await cache.check("http://a.test/page/1")
-    assert asked == ["http://a.test/robots.txt"]
+    await cache.check("http://b.test/page/1")
+    assert asked == ["http://a.test/robots.txt", "http://b.test/robots.txt"]
+    assert store.calls == 1
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        "could not read the robots.txt answer of http://a.test in the backend (lost the "
+        f"backend): robots.txt is fetched without it for {STORE_PAUSE:g} s"
+    ]
+
+
+@pytest.mark.parametrize("status", [401, 403, 407])
+async def test_a_robots_txt_refused_to_this_worker_is_kept_by_none(
+    url: str, clock: ManualClock, status: int
+) -> None:
+    """A 403 may be a firewall's for this worker's address: another may read the rules."""
+    site = Site(name="a.test", pages=3, routes={"/robots.txt": respond(status, "no")})
+    async with SyntheticWeb([site]) as net, workers(net, url, clock) as (first, second):
+        assert (await first.fetch(net.url("a.test", "/page/1"))).status == 200  # allowed
+        assert await first.backend.robots_answer(origin(net.url("a.test"))) is None
+        assert (await second.fetch(net.url("a.test", "/page/2"))).status == 200
+    assert robots_requests(net) == 2
+
+
+async def test_a_5xx_through_a_proxy_is_kept_by_none(url: str, clock: ManualClock) -> None:
+    """It may be the proxy's own answer."""
+    busy = dataclasses.replace(answer("busy"), status=503)
+
+    async def fetch(robots_url: str) -> Response:
+        return busy
+
+    backend = open_backend(url, clock=clock)
+    await backend.open()
+    try:
+        for proxied, kept in ((True, False), (False, True)):
+            cache = RobotsCache(fetch, "crawlq", ttl=TTL, retry=RETRY, proxied=proxied)
+            cache.store = backend
+            assert (await cache.rules("http://a.test/page/1")).unavailable is not None
+            assert (await backend.robots_answer("http://a.test") is not None) is kept
+    finally:
+        await backend.close()
+
+
+async def test_a_robots_txt_kept_for_ever_is_kept_a_hundred_years(
+    url: str, clock: ManualClock
+) -> None:
+    async with (
+        SyntheticWeb([Site(name="a.test", pages=3, robots=RULES)]) as net,
+        workers(net, url, clock, count=1) as (worker,),
+    ):
+        forever = Worker(worker.backend, Fetcher(fetch_settings(net, robots_ttl=math.inf)))
+        async with forever.fetcher:
+            assert (await forever.fetch(net.url("a.test", "/page/1"))).status == 200
+        kept = await worker.backend.robots_answer(origin(net.url("a.test")))
+    assert kept is not None and kept[1] > 99 * 365 * 24 * 3600
 
 
 async def test_an_answer_about_to_expire_is_not_recalled(url: str, clock: ManualClock) -> None:
@@ -244,3 +315,9 @@ async def test_a_robots_txt_too_large_to_keep_is_fetched_by_each_worker(
             await second.fetch(net.url("a.test", "/page/2"))
     assert refused.value.reason is Reason.ROBOTS_DISALLOWED
     assert robots_requests(net) == 2
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0, math.nan])
+def test_robots_txt_kept_for_no_time_is_refused(ttl: float) -> None:
+    with pytest.raises(ConfigError, match="robots_ttl must be positive"):
+        FetchSettings(robots_ttl=ttl)

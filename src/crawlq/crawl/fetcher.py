@@ -266,6 +266,7 @@ class Fetcher:
             ttl=self.settings.robots_ttl,
             retry=self.settings.robots_retry,
             kept_bytes=min(MAX_ROBOTS_BYTES, self.settings.max_bytes),
+            proxied=bool(self.settings.proxies),
         )
 
     async def __aenter__(self) -> Fetcher:

@@ -11,11 +11,13 @@ Every worker of a crawl, on every machine, shares what it made of an origin's ro
 through the backend (`RobotsStore`): the first to meet the origin fetches it and keeps the
 answer there (its text, or that everything is allowed, or that the site answered 5xx and
 until when), and the others read it instead of fetching it again. Only what the server
-answered is shared: a failure to get an answer (no connection, TLS, DNS, a proxy, a body cut
-short by this worker's size cap) may be this worker's own, and stays with it. Two processes
+answered is shared, and of that only what does not hang on the worker itself: a failure to
+get an answer (no connection, TLS, DNS), a 401, 403 or 407 (its credentials, its address),
+a 5xx through its proxy, a body cut short by its size cap stay with it. Two processes
 meeting a new origin at the same moment may both fetch it; after that, nobody does until it
-expires. The store is a help, never a need: a backend error reading or keeping an answer is
-logged, and robots.txt is fetched as without it.
+expires. The store is a help, never a need: when the backend fails to read or keep an
+answer, one warning says so, the store is left alone for STORE_PAUSE seconds, and
+robots.txt is fetched as without it.
 
 A hostile robots.txt must not stall the worker: 512 KiB of rules take protego 0.1 s to parse
 and, with tens of thousands of wildcard rules, 15 ms or more to match one URL. A large file
@@ -72,9 +74,15 @@ _PLAIN_ORIGIN = re.compile(r"(https?://[a-z0-9.:-]+)(?=[/?#]|\Z)")
 _NO_RULE = re.compile(r"user[\s-]*agent|site-?maps?\b", re.IGNORECASE)
 #: Redirects RFC 9309 lets a crawler take as "robots.txt unavailable" (allowing everything).
 UNAVAILABLE = frozenset({Reason.REDIRECT_LOOP, Reason.TOO_MANY_REDIRECTS})
-#: An answer another worker kept is recalled only with at least this long left: `check`
-#: must find it standing right after, or it would fetch robots.txt on no send slot.
+#: An answer another worker kept is recalled before pacing only with at least this long
+#: left: `check` must find it standing right after, or it would fetch robots.txt on no send
+#: slot. Once paced, one is taken with half the unreachable pause left (at most this): a
+#: page retried as an unreachable robots.txt expires must meet a fresh answer.
 RECALL_MARGIN = 1.0
+#: After the backend failed to read or keep an answer, it is not asked for this long.
+STORE_PAUSE = 30.0
+#: Answers that hang on the worker that asked (its credentials, its address, its proxy's).
+PERSONAL_STATUSES = frozenset({401, 403, 407})
 #: At most this many bytes of a kept answer are inflated (a robots.txt is cut at
 #: MAX_ROBOTS_BYTES characters, each up to 4 bytes, plus JSON escaping).
 MAX_ANSWER_BYTES = 8 * MAX_ROBOTS_BYTES
@@ -129,10 +137,14 @@ class RobotsCache:
         ttl: float,
         retry: float = 60.0,
         kept_bytes: int = MAX_ROBOTS_BYTES,
+        proxied: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._fetch = fetch
         self.kept_bytes = kept_bytes  # of a robots.txt, by `fetch`: what it cuts it to
+        self._proxied = proxied  # a 5xx may be the proxy's own
+        self._margin = min(RECALL_MARGIN, retry / 2)
+        self._store_paused_until = 0.0  # by the cache's clock
         self._agent = user_agent.split("/", 1)[0]
         self._ttl = ttl
         self._retry = retry  # how long an unreachable robots.txt stands before it is asked again
@@ -168,9 +180,9 @@ class RobotsCache:
         key = origin(url)
         if self.store is None or key in self._pending:
             return False
-        rules = await self._recalled(key)
+        rules = await self._recalled(key, RECALL_MARGIN)
         if rules is None or rules.expires < self._clock() + RECALL_MARGIN:
-            return False
+            return False  # parsed in a thread meanwhile: the margin must stand after it
         self._keep(key, rules)
         return True
 
@@ -183,7 +195,7 @@ class RobotsCache:
         self._pending[key] = future
         answer = None
         try:
-            rules = await self._recalled(key)
+            rules = await self._recalled(key, self._margin)
             if rules is None:
                 rules, answer = await self._load(url)
         except asyncio.CancelledError:
@@ -228,11 +240,13 @@ class RobotsCache:
             return Rules(None, detail, now + self._retry, exc.reason), None
         if response.status >= 500 or response.status == 429:
             detail = f"robots.txt answered {response.status}"
-            return Rules(None, detail, now + self._retry), {"unavailable": detail}
+            unavailable = None if self._proxied else {"unavailable": detail}
+            return Rules(None, detail, now + self._retry), unavailable
         if response.status >= 400 or response.is_redirect:
-            return Rules(None, None, now + self._ttl), allowed
+            personal = response.status in PERSONAL_STATUSES
+            return Rules(None, None, now + self._ttl), None if personal else allowed
         text = response.body[:MAX_ROBOTS_BYTES].decode("utf-8", "replace")
-        cut_short = len(response.body) >= self.kept_bytes < MAX_ROBOTS_BYTES
+        cut_short = len(response.raw) >= self.kept_bytes < MAX_ROBOTS_BYTES
         answer = None if cut_short else {"text": text}
         return await self._parsed(text, now + self._ttl), answer
 
@@ -249,29 +263,55 @@ class RobotsCache:
         """Keeps `answer` for the other workers while `rules` stand (not one too large for
         the backend: each worker then fetches that robots.txt itself)."""
         seconds = min(rules.expires - self._clock(), checks.MAX_SECONDS)
-        if self.store is None or not seconds > 0:
+        store = self._usable_store()
+        if store is None or not seconds > 0:
             return
         packed = zlib.compress(json.dumps(answer).encode())
         if len(packed) > MAX_ROBOTS_ANSWER:
             return
         try:
-            await self.store.keep_robots_answer(key, packed, seconds)
+            await store.keep_robots_answer(key, packed, seconds)
         except Exception as exc:
-            log.warning(
-                "could not keep the robots.txt answer of %s for other workers: %s", key, exc
-            )
+            self._store_failed("keep", key, exc)
+        else:
+            self._store_ok()
 
-    async def _recalled(self, key: str) -> Rules | None:
-        """The rules of the answer another worker kept for `key`, if one stands (one this
-        crawlq cannot read counts as none: robots.txt is fetched again)."""
-        if self.store is None:
+    def _usable_store(self) -> RobotsStore | None:
+        return None if self._clock() < self._store_paused_until else self.store
+
+    def _store_failed(self, doing: str, key: str, exc: Exception) -> None:
+        """One warning, then the store is left alone for STORE_PAUSE: a backend that cannot
+        be reached takes its reconnect patience to say so, for each call."""
+        if not self._store_paused_until:
+            log.warning(
+                "could not %s the robots.txt answer of %s in the backend (%s): robots.txt "
+                "is fetched without it for %g s",
+                doing,
+                key,
+                exc,
+                STORE_PAUSE,
+            )
+        self._store_paused_until = self._clock() + STORE_PAUSE
+
+    def _store_ok(self) -> None:
+        if self._store_paused_until:
+            log.info("robots.txt answers are shared through the backend again")
+        self._store_paused_until = 0.0
+
+    async def _recalled(self, key: str, margin: float) -> Rules | None:
+        """The rules of the answer another worker kept for `key`, if one stands `margin`
+        seconds more (one this crawlq cannot read counts as none: robots.txt is fetched
+        again)."""
+        store = self._usable_store()
+        if store is None:
             return None
         try:
-            kept = await self.store.robots_answer(key)
+            kept = await store.robots_answer(key)
         except Exception as exc:
-            log.warning("could not read the robots.txt answer of %s: %s", key, exc)
+            self._store_failed("read", key, exc)
             return None
-        if kept is None:
+        self._store_ok()
+        if kept is None or kept[1] < margin:
             return None
         packed, seconds = kept
         expires = self._clock() + seconds

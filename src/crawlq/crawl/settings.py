@@ -67,6 +67,8 @@ class FetchSettings:
             raise ConfigError(f"max_bytes must be positive, got {self.max_bytes}")
         if not self.robots_retry > 0:
             raise ConfigError(f"robots_retry must be positive, got {self.robots_retry}")
+        if not self.robots_ttl > 0:  # inf: robots.txt read once for good
+            raise ConfigError(f"robots_ttl must be positive, got {self.robots_ttl}")
         if self.connections < 1:
             raise ConfigError(f"connections must be positive, got {self.connections}")
         for network in self.allow_networks:
