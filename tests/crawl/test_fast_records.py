@@ -3,13 +3,17 @@ records byte for byte as warcio builds them, `is_canonical` as `canonicalize` sa
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import io
 import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
@@ -93,7 +97,7 @@ def test_a_record_is_what_warcio_writes(
     response: Response, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record_id = uuid.UUID("12345678-1234-4678-9234-567812345678")
-    monkeypatch.setattr("crawlq.crawl.warc.uuid.uuid4", lambda: record_id)
+    monkeypatch.setattr("crawlq.crawl.warc._record_id", lambda: str(record_id))
     assert response_record(response) == _warcio_record(response, record_id)
 
 
@@ -150,3 +154,18 @@ def test_the_guard_answers_the_same_from_its_memory() -> None:
     assert [guard.check_literal(host) for host in hosts] == first
     assert first[1] is None and first[3] is None
     assert all(first[i] is not None for i in (0, 2, 4))
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_a_digest_is_sha1_in_base32_as_base64_writes_it(head: bytes, body: bytes) -> None:
+    expected = base64.b32encode(hashlib.sha1(head + body).digest()).decode("ascii")
+    assert warc._digest(head, body) == "sha1:" + expected
+
+
+def test_a_record_id_is_a_random_uuid_written_as_uuid_writes_it() -> None:
+    ids = {warc._record_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for record_id in ids:
+        parsed = uuid.UUID(record_id)
+        assert str(parsed) == record_id
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122

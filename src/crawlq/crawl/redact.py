@@ -17,6 +17,8 @@ keep the URLs as given: the fetcher needs their credentials to send them.
 
 from __future__ import annotations
 
+import enum
+import functools
 import re
 
 from ..observe.logs import SECRET_HEADERS, redact, redact_userinfo, secret_header
@@ -34,16 +36,42 @@ redact_text = redact
 
 def redact_header(name: str, value: str) -> str:
     """A header's value as a WARC record may keep it."""
-    lowered = name.lower()
-    if lowered in ("set-cookie", "set-cookie2"):
+    kind = _header_kind(name.lower())
+    if kind is _Kind.PLAIN:
+        return value
+    if kind is _Kind.SET_COOKIE:
         return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value, count=1)
-    if lowered == "cookie":
+    if kind is _Kind.COOKIE:
         return _COOKIE_VALUE.sub(rf"\g<name>{REDACTED}", value)
-    if lowered in SECRET_HEADERS:  # Authorization: keep the scheme (Basic, Bearer...)
+    if kind is _Kind.CREDENTIALS:  # Authorization: keep the scheme (Basic, Bearer...)
         scheme, _, credentials = value.strip().partition(" ")
         return f"{scheme} {REDACTED}" if credentials else REDACTED
-    if secret_header(lowered):
+    if kind is _Kind.SECRET:
         return REDACTED
+    return redact_text(value)  # _Kind.URLS
+
+
+class _Kind(enum.Enum):
+    PLAIN = enum.auto()
+    SET_COOKIE = enum.auto()
+    COOKIE = enum.auto()
+    CREDENTIALS = enum.auto()
+    SECRET = enum.auto()
+    URLS = enum.auto()
+
+
+@functools.lru_cache(maxsize=4096)
+def _header_kind(lowered: str) -> _Kind:
+    """What a header so named holds, remembered: a WARC record writes every header of every
+    response, and the same few names come again and again."""
+    if lowered in ("set-cookie", "set-cookie2"):
+        return _Kind.SET_COOKIE
+    if lowered == "cookie":
+        return _Kind.COOKIE
+    if lowered in SECRET_HEADERS:
+        return _Kind.CREDENTIALS
+    if secret_header(lowered):
+        return _Kind.SECRET
     if lowered in ("location", "content-location", "refresh", "link"):
-        return redact_text(value)
-    return value
+        return _Kind.URLS
+    return _Kind.PLAIN

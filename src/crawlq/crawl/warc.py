@@ -17,13 +17,13 @@ at its offset raises `UnreadableRecord` (a CrawlqError) naming the file and the 
 
 from __future__ import annotations
 
-import base64
 import errno
 import fcntl
+import functools
 import hashlib
 import os
+import string
 import time
-import uuid
 import zlib
 from collections.abc import Sequence
 from contextlib import suppress
@@ -100,11 +100,35 @@ def _ascii(text: str) -> str:
     return "".join(c if " " <= c <= "~" or c == "\t" else f"%{ord(c) & 0xFF:02X}" for c in text)
 
 
+@functools.lru_cache(maxsize=4096)
+def _header_name(name: str) -> str | None:
+    """A response header's name as its WARC record writes it; None: left out."""
+    return None if name.lower() in _DROPPED else _ascii(name)
+
+
+#: Base32 (RFC 4648) ten bits at a time: a SHA-1 digest's 160 bits are 16 lookups, where
+#: base64.b32encode, Python code, takes five times as long.
+_B32_PAIRS = [
+    a + b for a in string.ascii_uppercase + "234567" for b in string.ascii_uppercase + "234567"
+]
+_B32_SHIFTS = range(150, -1, -10)
+
+
 def _digest(*parts: bytes) -> str:
     sha1 = hashlib.sha1(usedforsecurity=False)
     for part in parts:
         sha1.update(part)
-    return "sha1:" + base64.b32encode(sha1.digest()).decode("ascii")
+    bits = int.from_bytes(sha1.digest(), "big")
+    return "sha1:" + "".join([_B32_PAIRS[(bits >> shift) & 1023] for shift in _B32_SHIFTS])
+
+
+def _record_id() -> str:
+    """A random (version 4) UUID, as str(uuid.uuid4()) writes it, in half its time."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40
+    raw[8] = raw[8] & 0x3F | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,7 +152,7 @@ def conversion_record(rendition: Rendition) -> bytes:
     warc_headers = (
         f"{WARC_VERSION}\r\n"
         f"WARC-Date: {warc_date(rendition.fetched_at)}\r\n"
-        f"WARC-Record-ID: <urn:uuid:{uuid.uuid4()}>\r\n"
+        f"WARC-Record-ID: <urn:uuid:{_record_id()}>\r\n"
         "WARC-Type: conversion\r\n"
         f"WARC-Target-URI: {redact_url(rendition.url)}\r\n"
         f"WARC-Refers-To-Target-URI: {redact_url(rendition.final_url)}\r\n"
@@ -146,15 +170,16 @@ def response_record(response: Response) -> bytes:
     (warcio's builder cost the writing thread more than compressing the record did)."""
     lines = [f"{response.http_version} {_ascii(f'{response.status} {response.reason}'.strip())}"]
     for name, value in response.headers:
-        if name.lower() not in _DROPPED:
-            lines.append(f"{_ascii(name)}: {_ascii(redact_header(name, value))}")
+        written = _header_name(name)
+        if written is not None:
+            lines.append(f"{written}: {_ascii(redact_header(name, value))}")
     lines.append("\r\n")
     http = "\r\n".join(lines).encode("ascii")
     body = response.raw
     warc_headers = (
         f"{WARC_VERSION}\r\n"
         f"WARC-Date: {warc_date(response.fetched_at)}\r\n"
-        f"WARC-Record-ID: <urn:uuid:{uuid.uuid4()}>\r\n"
+        f"WARC-Record-ID: <urn:uuid:{_record_id()}>\r\n"
         "WARC-Type: response\r\n"
         f"WARC-Target-URI: {redact_url(response.url)}\r\n"
         f"WARC-Payload-Digest: {_digest(body)}\r\n"
