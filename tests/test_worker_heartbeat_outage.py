@@ -18,7 +18,11 @@ from crawlq import App, Context
 from crawlq.backends.redis import backend as backend_module
 from crawlq.backends.redis import lanes
 from crawlq.testing.redis_server import RedisServer
-from crawlq.worker import Worker, runner
+from crawlq.worker import Worker, WorkerStats, runner
+
+from .test_redis_connections import server
+
+__all__ = ["server"]  # test_redis_connections' fixture (AOF, fsync always), used here too
 
 GUARD = 60.0  # seconds: only a failing test waits this long
 FAILED_BEATS = 3  # failed heartbeats seen before Redis comes back
@@ -78,14 +82,10 @@ def records() -> Iterator[Records]:
         crawlq.setLevel(level)
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=True, appendfsync="always")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.remove()
+async def stopped(worker: Worker, running: asyncio.Task[WorkerStats]) -> None:
+    worker.stop()
+    async with asyncio.timeout(GUARD):
+        await running
 
 
 def worker_of(server: RedisServer) -> tuple[App, Worker]:
@@ -152,9 +152,7 @@ async def test_a_redis_outage_is_one_warning_and_one_line_once_calls_succeed_aga
     finally:
         if outage == "stopped":
             server.resume()
-        worker.stop()
-        async with asyncio.timeout(GUARD):
-            await running
+        await stopped(worker, running)
         await app.aclose()
 
 
@@ -179,9 +177,7 @@ async def test_an_error_other_than_an_outage_keeps_its_traceback(
     finally:
         admin.config_set("maxmemory", 0)
         admin.close()
-        worker.stop()
-        async with asyncio.timeout(GUARD):
-            await running
+        await stopped(worker, running)
         await app.aclose()
 
 
@@ -224,9 +220,7 @@ async def test_finished_elements_recorded_through_an_outage_are_one_warning_and_
         assert [r for r in records.records if r.exc_info] == []
     finally:
         release.set()
-        worker.stop()
-        async with asyncio.timeout(GUARD):
-            await running
+        await stopped(worker, running)
     try:
         assert worker.stats.done == 1
         (stats,) = await (await app.backend()).queue_stats(["held"])
