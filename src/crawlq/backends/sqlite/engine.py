@@ -67,6 +67,7 @@ class BatchRow(NamedTuple):
     mode: int
     h: int
     check_seen: bool
+    part: int = 0  # the index of its batch among those applied together
 
 
 #: What lookup_lease returns: queue_id, group_id, state, next_due, next_priority, seen, h.
@@ -219,7 +220,10 @@ class Engine:
         would have done on its own, and whom to wake."""
         try:
             with self.store.transaction():
-                results = [self._schedule(items) for items in batches]
+                if len(batches) == 1:
+                    results = [self._schedule(batches[0])]
+                else:
+                    results = self._schedule_in_turn(batches)
                 changed: set[int] = set()
                 for items, result in zip(batches, results, strict=True):
                     changed |= self._scheduled_queues(items, result)
@@ -229,6 +233,26 @@ class Engine:
             raise
         return results, wake
 
+    def _schedule_in_turn(self, batches: Sequence[Sequence[Schedule]]) -> list[ScheduleResult]:
+        """Batches in turn. Those that share no element cannot see each other's work, so a
+        run of them goes through the batch statements together: a crawl's group commit
+        brings dozens of pages' few links each, and each pass costs a dozen statements."""
+        results: list[ScheduleResult] = []
+        run: list[list[Schedule]] = []
+        slots: set[tuple[str, str]] = set()
+        for items in batches:
+            rounds = merge(items)
+            mine = {(item.queue, item.key) for item in rounds[0]}
+            if len(rounds) > 1 or not slots.isdisjoint(mine):
+                results += self._schedule_once(run) if run else []
+                run, slots = [], set()
+            if len(rounds) > 1:
+                results.append(self._schedule_rounds(rounds))
+            else:
+                run.append(rounds[0])
+                slots |= mine
+        return results + (self._schedule_once(run) if run else [])
+
     def _scheduled_queues(self, items: Sequence[Schedule], result: ScheduleResult) -> set[int]:
         """The queues a schedule gave claimable work, or an earlier due time, to wake for."""
         if not (result.added or result.moved):
@@ -236,75 +260,93 @@ class Engine:
         return {self._queues[name].id for name in {item.queue for item in items}}
 
     def _schedule(self, items: Sequence[Schedule]) -> ScheduleResult:
+        return self._schedule_rounds(merge(items))
+
+    def _schedule_rounds(self, rounds: list[list[Schedule]]) -> ScheduleResult:
         result = ScheduleResult()
-        for round_ in merge(items):
-            result += self._schedule_once(round_)
+        for round_ in rounds:
+            result += self._schedule_once([round_])[0]
         return result
 
-    def _schedule_once(self, merged: Sequence[Schedule]) -> ScheduleResult:
-        """A batch holding each element once."""
+    def _schedule_once(self, parts: Sequence[Sequence[Schedule]]) -> list[ScheduleResult]:
+        """Batches that share no element, each holding an element once: what each did."""
         now = self.clock()
         rules = _Rules(self.store)
-        queues = {name: self._queue(name) for name in {item.queue for item in merged}}
+        names = {item.queue for batch in parts for item in batch}
+        queues = {name: self._queue(name) for name in names}
         groups = self._groups
         rows = []
-        for item in merged:
-            queue = queues[item.queue]
-            if queue is None:
-                raise UnknownQueue(item.queue)
-            group_id = groups.get(item.group)
-            if group_id is None:
-                group_id = self._group_id(item.group, rules)
-            rows.append(
-                BatchRow(
-                    queue.id,
-                    item.key,
-                    item.payload,
-                    group_id,
-                    item.due,
-                    item.priority,
-                    item.mode.value,
-                    key_hash(item.key),
-                    queue.seen and not item.revisit,
+        for part, batch in enumerate(parts):
+            for item in batch:
+                queue = queues[item.queue]
+                if queue is None:
+                    raise UnknownQueue(item.queue)
+                group_id = groups.get(item.group)
+                if group_id is None:
+                    group_id = self._group_id(item.group, rules)
+                rows.append(
+                    BatchRow(
+                        queue.id,
+                        item.key,
+                        item.payload,
+                        group_id,
+                        item.due,
+                        item.priority,
+                        item.mode.value,
+                        key_hash(item.key),
+                        queue.seen and not item.revisit,
+                        part,
+                    )
                 )
+        counts = self._apply_batch(rows, now, len(parts))
+        return [
+            ScheduleResult(
+                added=added,
+                moved=moved,
+                deferred=deferred,
+                skipped_seen=skipped,
+                kept=len(batch) - skipped - added - moved - deferred,
             )
-        skipped, deferred, moved, added = self._apply_batch(rows, now)
-        return ScheduleResult(
-            added=added,
-            moved=moved,
-            deferred=deferred,
-            skipped_seen=skipped,
-            kept=len(rows) - skipped - added - moved - deferred,
-        )
+            for batch, (skipped, deferred, moved, added) in zip(parts, counts, strict=True)
+        ]
 
-    def _apply_batch(self, rows: Sequence[BatchRow], now: float) -> tuple[int, int, int, int]:
-        """Applies a batch in one statement each; returns skipped, deferred, moved, added.
-        A batch of keys none of which is queued (the usual one: new links) skips the
-        statements that change queued elements."""
+    def _apply_batch(self, rows: Sequence[BatchRow], now: float, parts: int = 1) -> list[list[int]]:
+        """Applies a batch in one statement each; returns skipped, deferred, moved, added for
+        each of its `parts` (rows say which they belong to). A batch of keys none of which is
+        queued (the usual one: new links) skips the statements that change queued elements."""
         store = self.store
+        counts = [[0, 0, 0, 0] for _ in range(parts)]
         store.run("batch_clear")
         store.many("batch_add", rows)
         queued = store.run("batch_classify").rowcount  # keys in the queue, in any state
-        skipped = deferred = moved = 0
         if any(row.check_seen for row in rows):
-            skipped = store.run("batch_drop_seen").rowcount
+            for (part,) in store.run("batch_drop_seen").fetchall():
+                counts[part][0] += 1
         if queued:
-            deferred = store.run("batch_defer_running").rowcount
+            part_of = dict(store.run("batch_queued_parts").fetchall()) if parts > 1 else {}
+            for (element_id,) in store.run("batch_defer_running").fetchall():
+                counts[part_of.get(element_id, 0)][1] += 1
             store.run("batch_touch_moved")
-            moved = store.run("batch_move_queued", {"now": now}).rowcount
+            for (element_id,) in store.run("batch_move_queued", {"now": now}).fetchall():
+                counts[part_of.get(element_id, 0)][2] += 1
         added = store.run("batch_insert_new", {"now": now}).rowcount
         if added:
+            if parts == 1:
+                counts[0][3] = added
+            else:
+                for part, new in store.run("batch_new_parts").fetchall():
+                    counts[part][3] = new
             if store.run("any_dead").fetchone()[0]:
                 store.run("batch_revive_dead")
             store.run("batch_count_new_in_queues", {"now": now})
             store.run("batch_count_new_in_groups")
         pairs = set(store.run("batch_ready_pairs", {"now": now}).fetchall())
-        if moved:  # the sub-queues they left
+        if any(count[2] for count in counts):  # the sub-queues they left
             pairs.update(store.run("touched_take").fetchall())
             store.run("touched_clear")
         for pair in pairs:
             self._refresh_pair(pair, now)
-        return skipped, deferred, moved, added
+        return counts
 
     # -- claim -----------------------------------------------------------------------------
 

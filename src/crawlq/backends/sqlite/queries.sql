@@ -5,7 +5,7 @@
 CREATE TEMP TABLE IF NOT EXISTS batch (
     queue_id INTEGER NOT NULL, key TEXT NOT NULL, payload TEXT, group_id INTEGER NOT NULL,
     due REAL NOT NULL, priority INTEGER NOT NULL, mode INTEGER NOT NULL, h INTEGER NOT NULL,
-    check_seen INTEGER NOT NULL,
+    check_seen INTEGER NOT NULL, part INTEGER NOT NULL,  -- which of the batches applied at once
     old_id INTEGER, old_state INTEGER, old_due REAL, old_group INTEGER  -- the queued twin
 );  -- no key index: the engine hands over each (queue, key) once
 CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INTEGER NOT NULL);
@@ -14,8 +14,8 @@ CREATE TEMP TABLE IF NOT EXISTS touched (queue_id INTEGER NOT NULL, group_id INT
 DELETE FROM temp.batch;
 
 -- name: batch_add
-INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h, check_seen)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
+INSERT INTO temp.batch (queue_id, key, payload, group_id, due, priority, mode, h, check_seen, part)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: batch_classify
 UPDATE temp.batch SET old_id = e.id, old_state = e.state, old_due = e.due, old_group = e.group_id
@@ -26,7 +26,14 @@ UPDATE temp.batch SET old_id = e.id, old_state = e.state, old_due = e.due, old_g
 -- Keys finished before (and not queued now) are skipped unless a revisit was asked.
 DELETE FROM temp.batch
  WHERE check_seen AND old_id IS NULL
-   AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h);
+   AND EXISTS (SELECT 1 FROM seen s WHERE s.queue_id = batch.queue_id AND s.h = batch.h)
+RETURNING part;
+
+-- name: batch_queued_parts
+SELECT old_id, part FROM temp.batch WHERE old_id IS NOT NULL;
+
+-- name: batch_new_parts
+SELECT part, count(*) FROM temp.batch WHERE old_id IS NULL GROUP BY part;
 
 -- name: batch_defer_running
 -- A running element is never started twice: remember the new schedule for when it finishes.
@@ -38,7 +45,8 @@ UPDATE elements
                            ELSE coalesce(b.payload, b.key) END
   FROM temp.batch b
  WHERE elements.id = b.old_id AND b.old_state = 2
-   AND (b.mode = 0 OR (b.mode = 1 AND (elements.next_due IS NULL OR b.due < elements.next_due)));
+   AND (b.mode = 0 OR (b.mode = 1 AND (elements.next_due IS NULL OR b.due < elements.next_due)))
+RETURNING id;
 
 -- name: batch_touch_moved
 INSERT INTO temp.touched (queue_id, group_id)
@@ -53,7 +61,8 @@ UPDATE elements
        state = CASE WHEN b.due > :now THEN 0 ELSE 1 END, attempts = 0
   FROM temp.batch b
  WHERE elements.id = b.old_id AND b.old_state < 2
-   AND (b.mode = 0 OR (b.mode = 1 AND b.due < b.old_due));
+   AND (b.mode = 0 OR (b.mode = 1 AND b.due < b.old_due))
+RETURNING id;
 
 -- name: batch_insert_new
 INSERT INTO elements (queue_id, h, key, payload, group_id, priority, due, state)
