@@ -3,6 +3,7 @@ the conformance suite left out. Time is a manual clock, as in test_conformance.p
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -133,3 +134,22 @@ async def test_a_block_until_no_time_is_refused(backend: Backend, clock: ManualC
         await backend.block_group("a.test", float("nan"), "429")
     (group,) = await backend.group_stats("a.test")
     assert (group.blocked_until, group.block_reason) == (None, None)
+
+
+async def test_a_group_open_again_after_its_block_serves_each_of_its_queues(
+    backend: Backend, clock: ManualClock
+) -> None:
+    """A claim that leaves its group open (no interval, under its concurrency) moves the
+    group's gate without touching the group's sub-queue in another queue, which waited for
+    the block's end: that queue's next claim finds it due, and the queue is consistent."""
+    await backend.set_limits([LimitRule(pattern="*", limit=Limit(concurrency=4))])
+    await schedule(backend, "pages", [url("a.test", 1), url("a.test", 2)])
+    await schedule(backend, "crawl", [url("a.test", 3)])
+    await backend.block_group("a.test", clock() + 10, "503")
+    assert await claim(backend, ["pages", "crawl"]) == []
+    clock.advance(11)
+    first = await claim(backend, "pages", limit=1)
+    assert await backend.check() == []
+    clock.advance(1)
+    other = await claim(backend, "crawl")
+    assert [json.loads(c.key) for c in first + other] == [url("a.test", 1), url("a.test", 3)]

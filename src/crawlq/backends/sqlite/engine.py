@@ -393,8 +393,9 @@ class Engine:
         ).fetchone()
         queue_id = self._queues[queue].id
         if group_id != NO_GROUP_ID:
-            store.run("mark_start", {"now": now, "group_id": group_id})
-            self._refresh_gate(group_id, now)
+            (gate,) = store.run("mark_start", {"now": now, "group_id": group_id}).fetchone()
+            if gate > now:  # it was open (claimable): its sub-queues wait from now on
+                self._refresh_gate(group_id, now)
         self._refresh_pair((queue_id, group_id), now)
         return Claimed(
             ref=head,

@@ -155,7 +155,10 @@ UPDATE elements
 RETURNING key, coalesce(payload, key), attempts, priority, due;
 
 -- name: mark_start
-UPDATE groups SET last_start = :now WHERE id = :group_id RETURNING name, interval;
+-- Returns the group's gate after this start (as group_gate reads it).
+UPDATE groups SET last_start = :now WHERE id = :group_id
+RETURNING CASE WHEN concurrency IS NOT NULL AND running >= concurrency THEN 1e300
+               ELSE max(coalesce(last_start + interval, 0), coalesce(blocked_until, 0)) END;
 
 -- name: next_gate
 SELECT min(wake_at) FROM frontier WHERE queue_id = :queue_id AND active = 0;
@@ -404,10 +407,13 @@ SELECT f.queue_id, f.group_id, f.head, NULL FROM frontier f
                       AND e.priority = f.priority AND e.due = f.due);
 
 -- name: check_frontier_gates
--- Active rows belong to open groups; waiting rows wait for their group's gate.
+-- Active rows belong to open groups; waiting rows wait for their group's gate, or for a
+-- time past, as the group's is (a claim that leaves its group open moves its gate, not its
+-- other queues' rows: the next claim of those queues finds them due).
 SELECT f.queue_id, f.group_id, f.active, f.wake_at, g.gate
   FROM frontier f JOIN group_gate g ON g.id = f.group_id
- WHERE (f.active AND g.gate > :now) OR (NOT f.active AND f.wake_at != g.gate);
+ WHERE (f.active AND g.gate > :now)
+    OR (NOT f.active AND f.wake_at != g.gate AND (f.wake_at > :now OR g.gate > :now));
 
 -- name: element_by_key
 SELECT e.key, coalesce(e.payload, e.key), g.name, e.state, e.due, e.priority, e.attempts,
