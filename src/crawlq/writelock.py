@@ -65,6 +65,10 @@ def immediate(db: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+class TurnTaken(Exception):
+    """Another process has the turn to write, and the caller would rather not wait for it."""
+
+
 class WriteLock:
     """The turn to write `database`. One per connection: flock excludes other open files,
     not other threads sharing this one, so threads sharing a connection also share a lock
@@ -96,7 +100,8 @@ class WriteLock:
         return self._fd
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, *, wait: bool = True) -> Iterator[None]:
+        """The turn, waited for; or, unless `wait`, TurnTaken at once if another has it."""
         fd = self._descriptor()
         if fd is None:
             yield
@@ -106,6 +111,8 @@ class WriteLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not wait:
+                    raise TurnTaken(self.path) from None
                 with _waits.waiting(self.path, self._inode):
                     fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -116,9 +123,9 @@ class WriteLock:
             _turns.leave()
 
     @contextlib.contextmanager
-    def transaction(self, db: sqlite3.Connection) -> Iterator[None]:
-        """`immediate(db)` in this connection's turn."""
-        with self.held(), immediate(db):
+    def transaction(self, db: sqlite3.Connection, *, wait: bool = True) -> Iterator[None]:
+        """`immediate(db)` in this connection's turn (see `held`)."""
+        with self.held(wait=wait), immediate(db):
             yield
 
     def close(self) -> None:

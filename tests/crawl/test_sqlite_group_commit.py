@@ -5,8 +5,10 @@ what it alone would have done, and a batch that fails fails alone."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import threading
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 from crawlq.backends.sqlite.backend import SQLiteBackend
 from crawlq.errors import UnknownQueue
 from crawlq.tasks import prepare
-from crawlq.types import Limit, LimitRule, Mode, QueueConfig, ScheduleResult
+from crawlq.types import Limit, LimitRule, Mode, QueueConfig, Schedule, ScheduleResult
 
 from ..helpers import ManualClock, url
 
@@ -45,17 +47,20 @@ def links(backend: SQLiteBackend, *urls: str, queue: str = "crawl") -> Awaitable
 
 
 class HeldThread:
-    """Keeps the backend's thread busy until released, so that schedules pile up."""
+    """Keeps the backend's thread busy, holding the connection, until released: schedules,
+    which cannot run on the event loop meanwhile, pile up for the thread."""
 
     def __init__(self, backend: SQLiteBackend) -> None:
         self.started = threading.Event()
         self.release = threading.Event()
         assert backend._thread is not None
+        self.backend = backend
         self.done = backend._thread.submit(self._hold)
 
     def _hold(self) -> None:
-        self.started.set()
-        self.release.wait(DEADLINE)
+        with self.backend._busy:
+            self.started.set()
+            self.release.wait(DEADLINE)
 
     def __enter__(self) -> HeldThread:
         assert self.started.wait(DEADLINE)
@@ -134,3 +139,76 @@ async def test_schedules_from_two_event_loops_are_each_answered_on_their_own(
     assert (await asyncio.wait_for(ours, DEADLINE)).added == 1
     await asyncio.to_thread(thread.join, DEADLINE)
     assert [result.added for result in answered] == [1]
+
+
+async def test_a_loop_turn_of_schedules_is_one_transaction_on_the_event_loop(
+    backend: SQLiteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the connection free and no other process writing, a page's links do not wait for
+    the thread: the batches handed over in one turn of the loop go in one transaction, there."""
+    engine = backend.engine
+    applied: list[tuple[str, int]] = []
+    schedule_batches = engine.schedule_batches
+
+    def recorded(batches: Sequence[Sequence[Schedule]]) -> tuple[list[ScheduleResult], list[str]]:
+        applied.append((threading.current_thread().name, len(batches)))
+        return schedule_batches(batches)
+
+    monkeypatch.setattr(engine, "schedule_batches", recorded)
+    first, second, third = await asyncio.wait_for(
+        asyncio.gather(
+            links(backend, url("a.test", 1), url("a.test", 2)),
+            links(backend, url("a.test", 2), url("b.test", 1)),
+            links(backend, url("c.test", 1)),
+        ),
+        DEADLINE,
+    )
+    assert applied == [(threading.current_thread().name, 3)]
+    assert [(r.added, r.kept) for r in (first, second, third)] == [(2, 0), (1, 1), (1, 0)]
+
+
+async def test_a_call_that_would_wait_for_another_process_goes_to_the_thread(
+    backend: SQLiteBackend,
+) -> None:
+    """Another process holds the write turn: claims and schedules wait for it on the backend's
+    thread, and the event loop goes on meanwhile."""
+    await links(backend, url("a.test", 1))
+    other = os.open(backend.path + "-writer", os.O_RDONLY)  # a file of its own, as a process has
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        claim = asyncio.ensure_future(backend.claim(["crawl"], worker="w", limit=10, lease=60))
+        schedule = asyncio.ensure_future(links(backend, url("b.test", 1)))
+        turns = 0
+        while turns < 20:  # the loop turns while both wait for the other process
+            await asyncio.sleep(0.01)
+            turns += 1
+        assert not claim.done() and not schedule.done()
+        fcntl.flock(other, fcntl.LOCK_UN)
+        claimed = await asyncio.wait_for(claim, DEADLINE)
+        assert (await asyncio.wait_for(schedule, DEADLINE)).added == 1
+    finally:
+        os.close(other)
+    assert [c.group for c in claimed.elements] == ["a.test"]
+
+
+async def test_the_rest_of_a_long_log_is_copied_on_the_thread(
+    backend: SQLiteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the checkpointer hands the rest of a long log over, the copy (a sync of the file)
+    is not made on the event loop but on the thread, once."""
+    store = backend.engine.store
+    copied: list[str] = []
+    restart_log = store._restart_log
+
+    def recorded() -> None:
+        copied.append(threading.current_thread().name)
+        restart_log()
+
+    monkeypatch.setattr(store, "_restart_log", recorded)
+    monkeypatch.setattr(store._checkpointer, "_restart_due", True)
+    await links(backend, url("a.test", 1))
+    await links(backend, url("a.test", 2))
+    await backend._call(lambda: None)  # after the thread's work handed over before it
+    assert len(copied) == 1
+    assert copied[0] != threading.current_thread().name
+    assert not store.log_handed_over

@@ -1,13 +1,22 @@
 """The embedded SQLite backend: the default, with nothing to install or run.
 
-All SQLite work of one backend runs on one dedicated thread, so the event loop never blocks
-on the disk or on another process's write lock.
+The connection has one user at a time: the event loop or the backend's own thread. The calls
+a worker makes all the time (claims, acks, a page's links, heartbeats, robots.txt answers)
+run at once on the event loop when the connection is free and no other process has the
+write turn: a claim of a hundred takes a few milliseconds, less than handing it to a thread
+costs in a busy process, where each statement gives up the GIL and waits to take it back.
+A page's links wait for the loop's next turn, so that every batch handed over meanwhile goes
+in one transaction. The rest (big batches, reports, opening and closing), and any call that
+would wait for another process's write turn or for the disk to sync a checkpoint, runs on
+the thread: the event loop never waits on either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +42,7 @@ from ...types import (
     WorkerInfo,
 )
 from ...wakeup import Listener, WakeListener, WakeSender
+from ...writelock import TurnTaken
 from ..batch import (
     check_block_until,
     check_failures,
@@ -49,6 +59,22 @@ T = TypeVar("T")
 DEFAULT_URL = "sqlite:///crawlq.db"
 
 _Scheduled = tuple[ScheduleResult, list[str]]  # and the addresses to wake for it
+_Soon = list[tuple[Sequence[Schedule], "asyncio.Future[_Scheduled | None]"]]
+
+#: Batches of at most this many elements, and claims of at most this many, may run on the
+#: event loop (a few milliseconds); bigger ones go to the thread.
+AT_ONCE_ITEMS = 1000
+#: Seconds between the tries of a call to run on the event loop, when the connection or the
+#: write turn was taken (another process's claim holds it a few milliseconds). After the
+#: last, it waits for its turn on the thread.
+AGAIN_AFTER = (0.001, 0.002, 0.004, 0.008)
+
+
+class _Later:
+    """What a call that could not run at once returns: it goes to the thread."""
+
+
+LATER = _Later()
 
 
 def path_from_url(url: str) -> str:
@@ -74,6 +100,9 @@ class SQLiteBackend:
         self._thread: GroupCommit[Sequence[Schedule], _Scheduled] | None = None
         self._engine: Engine | None = None
         self._wake = WakeSender()
+        self._busy = threading.Lock()  # the connection's one user, the loop or the thread
+        self._soon: dict[asyncio.AbstractEventLoop, _Soon] = {}  # batches for the loop's turn
+        self._log_handed = False  # finish_log is on the thread's way
 
     async def __aenter__(self) -> SQLiteBackend:
         await self.open()
@@ -85,7 +114,7 @@ class SQLiteBackend:
     async def open(self) -> None:
         if self._thread is not None:
             return
-        self._thread = GroupCommit(self._schedule_all, "crawlq-sqlite")
+        self._thread = GroupCommit(self._schedule_all_on_thread, "crawlq-sqlite")
         try:
             await self._call(self._connect)
         except BaseException:
@@ -107,12 +136,60 @@ class SQLiteBackend:
         self._wake.close()
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` on the thread."""
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
         try:
-            return await self._thread.run(functools.partial(fn, *args, **kwargs))
+            return await self._thread.run(functools.partial(self._locked, fn, *args, **kwargs))
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
+
+    def _locked(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._busy:
+            return fn(*args, **kwargs)
+
+    async def _quick(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` on the event loop as soon as it can run there without waiting, or if it
+        cannot for a while, on the thread."""
+        call = functools.partial(fn, *args, **kwargs)
+        result = self._now(call)
+        for pause in AGAIN_AFTER:
+            if not isinstance(result, _Later):
+                return result
+            await asyncio.sleep(pause)
+            result = self._now(call)
+        if isinstance(result, _Later):
+            return await self._call(fn, *args, **kwargs)
+        return result
+
+    def _now(self, fn: Callable[[], T]) -> T | _Later:
+        """`fn()` on this thread if the connection is free and no other process has the write
+        turn; LATER (having done nothing) if not."""
+        engine = self._engine
+        if engine is None or not self._busy.acquire(blocking=False):
+            return LATER
+        store = engine.store
+        try:
+            store.patient = False
+            try:
+                return fn()
+            except TurnTaken:
+                return LATER
+            except sqlite3.Error as exc:
+                raise translate(exc, self.path) from exc
+            finally:
+                store.patient = True
+                handed = store.log_handed_over and not self._log_handed
+                self._log_handed |= handed
+        finally:
+            self._busy.release()
+            if handed and self._thread is not None:
+                self._thread.submit(functools.partial(self._finish_log, store))
+
+    def _finish_log(self, store: Store) -> None:
+        with self._busy:
+            self._log_handed = False
+            store.finish_log()
 
     @property
     def engine(self) -> Engine:
@@ -120,8 +197,8 @@ class SQLiteBackend:
             raise BackendError(f"backend {self.url} is not open")
         return self._engine
 
-    async def _woken(self, call: Callable[[], tuple[T, list[str]]]) -> T:
-        result, wake = await self._call(call)
+    async def _woken(self, call: Callable[[], tuple[T, list[str]]], *, quick: bool = False) -> T:
+        result, wake = await (self._quick(call) if quick else self._call(call))
         if wake:
             self._wake.send(wake)
         return result
@@ -147,15 +224,61 @@ class SQLiteBackend:
             check_schedule(item)
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
-        result, wake = await self._thread(items)
+        done = None
+        if len(items) <= AT_ONCE_ITEMS:
+            done = await self._schedule_soon(items)
+            for pause in AGAIN_AFTER:
+                if done is not None:
+                    break
+                await asyncio.sleep(pause)
+                done = await self._schedule_soon(items)
+        result, wake = done if done is not None else await self._thread(items)
         if wake:
             self._wake.send(dict.fromkeys(wake))
         return result
+
+    def _schedule_soon(self, items: Sequence[Schedule]) -> asyncio.Future[_Scheduled | None]:
+        """The batch's outcome at the loop's next turn, with every batch handed over meanwhile
+        in one transaction; None if that transaction could not run at once."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Scheduled | None] = loop.create_future()
+        waiting = self._soon.setdefault(loop, [])
+        waiting.append((items, future))
+        if len(waiting) == 1:
+            loop.call_soon(self._run_soon, loop)
+        return future
+
+    def _run_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        taken = [(items, f) for items, f in self._soon.pop(loop, []) if not f.cancelled()]
+        if not taken:
+            return
+        outcomes: Sequence[_Scheduled | BaseException] | _Later
+        try:
+            outcomes = self._now(functools.partial(self._schedule_all, [i for i, _ in taken]))
+        except BaseException as exc:  # every caller hears of it: none may wait forever
+            outcomes = [exc] * len(taken)
+        for index, (_, future) in enumerate(taken):
+            if future.done():
+                continue
+            if isinstance(outcomes, _Later):
+                future.set_result(None)
+            elif isinstance(outcome := outcomes[index], BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _schedule_all_on_thread(
+        self, batches: list[Sequence[Schedule]]
+    ) -> list[_Scheduled | Exception]:
+        with self._busy:
+            return self._schedule_all(batches)
 
     def _schedule_all(self, batches: list[Sequence[Schedule]]) -> list[_Scheduled | Exception]:
         """The batches' results; the first of them carries all the wake-ups, sent once."""
         try:
             results, wake = self.engine.schedule_batches(batches)
+        except TurnTaken:
+            raise  # nothing done: the batches go to the thread
         except sqlite3.OperationalError as exc:  # the database's (locked, full), not a batch's
             return [self._error(exc) for _ in batches]
         except Exception:  # the batch that raised fails alone
@@ -180,16 +303,17 @@ class SQLiteBackend:
         self, queues: Sequence[str], *, worker: str, limit: int, lease: Leases
     ) -> ClaimResult:
         check_leases(lease, queues)
-        return await self._woken(functools.partial(self.engine.claim, queues, worker, limit, lease))
+        claim = functools.partial(self.engine.claim, queues, worker, limit, lease)
+        return await self._woken(claim, quick=limit <= AT_ONCE_ITEMS)
 
     async def ack(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._call(self.engine.ack, elements))
+            self._wake.send(await self._quick(self.engine.ack, elements))
 
     async def fail(self, failures: Sequence[Failure]) -> None:
         check_failures(failures)
         if failures:
-            self._wake.send(await self._call(self.engine.fail, failures))
+            self._wake.send(await self._quick(self.engine.fail, failures))
 
     async def finish(
         self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
@@ -198,17 +322,18 @@ class SQLiteBackend:
             check_schedule(item)
         check_failures(failures)
         if follow or acks or failures:
-            self._wake.send(await self._call(self.engine.finish, follow, acks, failures))
+            call = self._quick if len(follow) <= AT_ONCE_ITEMS else self._call
+            self._wake.send(await call(self.engine.finish, follow, acks, failures))
 
     async def release(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._call(self.engine.release, elements))
+            self._wake.send(await self._quick(self.engine.release, elements))
 
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         check_leases(lease, {e.queue for e in elements})
-        await self._call(self.engine.heartbeat, worker, elements, lease)
+        await self._quick(self.engine.heartbeat, worker, elements, lease)
 
     async def register_worker(self, worker: WorkerInfo) -> None:
         await self._call(self.engine.register_worker, worker)
@@ -229,22 +354,22 @@ class SQLiteBackend:
         return await self._woken(functools.partial(self.engine.set_limits, (), pattern))
 
     async def crawl_delays(self, groups: Collection[str] | None = None) -> dict[str, float]:
-        return await self._call(self.engine.crawl_delays, groups)
+        return await self._quick(self.engine.crawl_delays, groups)
 
     async def raise_crawl_delays(self, delays: Mapping[str, float]) -> None:
         checked = checked_crawl_delays(delays)
-        self._wake.send(await self._call(self.engine.raise_crawl_delays, checked))
+        self._wake.send(await self._quick(self.engine.raise_crawl_delays, checked))
 
     async def robots_answer(self, origin: str) -> tuple[bytes, float] | None:
-        return await self._call(self.engine.robots_answer, origin)
+        return await self._quick(self.engine.robots_answer, origin)
 
     async def keep_robots_answer(self, origin: str, answer: bytes, seconds: float) -> None:
         check_robots_answer(origin, answer, seconds)
-        await self._call(self.engine.keep_robots_answer, origin, answer, seconds)
+        await self._quick(self.engine.keep_robots_answer, origin, answer, seconds)
 
     async def block_group(self, group: str, until: float | None, reason: str | None) -> None:
         check_block_until(until)
-        self._wake.send(await self._call(self.engine.block_group, group, until, reason))
+        self._wake.send(await self._quick(self.engine.block_group, group, until, reason))
 
     async def reserve_send(self, group: str, gap: float, earliest: float = 0.0) -> float:
         return (await self.reserve_send_slot(group, gap, earliest))[1]
@@ -258,7 +383,7 @@ class SQLiteBackend:
         replacing: float | None = None,
         max_wait: float | None = None,
     ) -> tuple[float, float, bool]:
-        slot: tuple[float, float, bool] = await self._call(
+        slot: tuple[float, float, bool] = await self._quick(
             self.engine.reserve_send, group, gap, earliest, replacing, max_wait
         )
         return slot

@@ -38,6 +38,7 @@ from ...types import (
     WorkerInfo,
     lease_of,
 )
+from ...writelock import TurnTaken
 from ..base import WORKER_TTL
 from ..batch import merge
 from ..views import dead_element, live_element
@@ -228,6 +229,8 @@ class Engine:
                 for items, result in zip(batches, results, strict=True):
                     changed |= self._scheduled_queues(items, result)
                 wake = self._wake_addresses(changed)
+        except TurnTaken:
+            raise  # before the transaction began: nothing to undo
         except BaseException:
             self._forget_groups()  # ids it cached may be of groups it inserted, now undone
             raise
@@ -539,6 +542,8 @@ class Engine:
                 queues = self._scheduled_queues(follow, self._schedule(follow)) if follow else set()
                 queues |= self._acked(acks) | self._failed(failures)
                 return self._wake_addresses(queues)
+        except TurnTaken:
+            raise  # before the transaction began: nothing to undo
         except BaseException:
             self._forget_groups()  # ids it cached may be of groups it inserted, now undone
             raise

@@ -93,10 +93,14 @@ def translate(exc: sqlite3.Error, path: str) -> BackendError:
 
 
 class Store:
-    """A migrated connection with named queries; not thread-safe, one per thread."""
+    """A migrated connection with named queries; not thread-safe: one user at a time."""
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
+        #: Whether a transaction waits for the write turn (else it raises TurnTaken), and
+        #: copies the rest of a long log when the checkpointer hands it over (else it leaves
+        #: that to `finish_log`): what the event loop must not wait for.
+        self.patient = True
         #: The schema version this process migrated the database from (None: it did not).
         self.migrated_from: int | None = None
         self._check_file(create)
@@ -175,9 +179,19 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Takes the write lock now, so that reads inside decide on the latest state."""
-        with self._write_lock.transaction(self.db):
+        with self._write_lock.transaction(self.db, wait=self.patient):
             yield
-        if self._checkpointer.wanted():
+        if self._checkpointer.wanted() and self.patient:
+            self._restart_log()
+
+    @property
+    def log_handed_over(self) -> bool:
+        """The checkpointer left the rest of a long log to this connection's `finish_log`."""
+        return self._checkpointer.restart_due
+
+    def finish_log(self) -> None:
+        """Copies the rest of a long log if it is still this connection's to copy."""
+        if self._checkpointer.restart_due:
             self._restart_log()
 
     def _restart_log(self) -> None:
@@ -243,6 +257,10 @@ class Checkpointer:
             return True  # the checkpointer stays out of the writer's way meanwhile
         self._wake.set()
         return False
+
+    @property
+    def restart_due(self) -> bool:
+        return self._restart_due
 
     def restarted(self) -> None:
         self._restart_due = False  # the next commit restarts the log, and wakes the thread
