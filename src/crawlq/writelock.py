@@ -122,6 +122,12 @@ class WriteLock:
         finally:
             _turns.leave()
 
+    def wait_for_turn(self) -> None:
+        """Returns once no other process has the turn (without keeping it: another may take
+        it next), so that a caller can wait for it before it takes what it shares."""
+        with self.held():
+            pass
+
     @contextlib.contextmanager
     def transaction(self, db: sqlite3.Connection, *, wait: bool = True) -> Iterator[None]:
         """`immediate(db)` in this connection's turn (see `held`)."""

@@ -171,7 +171,8 @@ async def test_a_call_that_would_wait_for_another_process_goes_to_the_thread(
     backend: SQLiteBackend,
 ) -> None:
     """Another process holds the write turn: claims and schedules wait for it on the backend's
-    thread, and the event loop goes on meanwhile."""
+    thread, and the event loop goes on meanwhile, reading through the connection: the thread
+    does not hold it while it waits for the turn."""
     await links(backend, url("a.test", 1))
     other = os.open(backend.path + "-writer", os.O_RDONLY)  # a file of its own, as a process has
     try:
@@ -183,6 +184,8 @@ async def test_a_call_that_would_wait_for_another_process_goes_to_the_thread(
             await asyncio.sleep(0.01)
             turns += 1
         assert not claim.done() and not schedule.done()
+        assert not backend._busy.locked()
+        assert await asyncio.wait_for(backend.robots_answer("http://a.test"), DEADLINE) is None
         fcntl.flock(other, fcntl.LOCK_UN)
         claimed = await asyncio.wait_for(claim, DEADLINE)
         assert (await asyncio.wait_for(schedule, DEADLINE)).added == 1

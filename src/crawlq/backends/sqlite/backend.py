@@ -137,10 +137,13 @@ class SQLiteBackend:
 
     async def _call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn` on the thread."""
+        return await self._on_thread(functools.partial(self._locked, fn, *args, **kwargs))
+
+    async def _on_thread(self, job: Callable[[], T]) -> T:
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
         try:
-            return await self._thread.run(functools.partial(self._locked, fn, *args, **kwargs))
+            return await self._thread.run(job)
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from exc
 
@@ -159,8 +162,14 @@ class SQLiteBackend:
             await asyncio.sleep(pause)
             result = self._now(call)
         if isinstance(result, _Later):
-            return await self._call(fn, *args, **kwargs)
+            return await self._on_thread(functools.partial(self._after_turn, call))
         return result
+
+    def _after_turn(self, call: Callable[[], T]) -> T:
+        """`call()` on the thread, once no other process has the write turn: the wait is not
+        made holding the connection, which the loop may use meanwhile."""
+        self.engine.store.wait_for_turn()
+        return self._locked(call)
 
     def _now(self, fn: Callable[[], T]) -> T | _Later:
         """`fn()` on this thread if the connection is free and no other process has the write
@@ -270,8 +279,7 @@ class SQLiteBackend:
     def _schedule_all_on_thread(
         self, batches: list[Sequence[Schedule]]
     ) -> list[_Scheduled | Exception]:
-        with self._busy:
-            return self._schedule_all(batches)
+        return self._after_turn(functools.partial(self._schedule_all, batches))
 
     def _schedule_all(self, batches: list[Sequence[Schedule]]) -> list[_Scheduled | Exception]:
         """The batches' results; the first of them carries all the wake-ups, sent once."""

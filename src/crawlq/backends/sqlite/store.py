@@ -184,6 +184,10 @@ class Store:
         if self._checkpointer.wanted() and self.patient:
             self._restart_log()
 
+    def wait_for_turn(self) -> None:
+        """Returns once no other process has the write turn (see WriteLock.wait_for_turn)."""
+        self._write_lock.wait_for_turn()
+
     @property
     def log_handed_over(self) -> bool:
         """The checkpointer left the rest of a long log to this connection's `finish_log`."""
