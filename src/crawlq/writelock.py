@@ -52,8 +52,8 @@ def open_shared(path: Path, schema: str, *, timeout: float = 30) -> sqlite3.Conn
 def immediate(db: sqlite3.Connection) -> Iterator[None]:
     """A write transaction that takes SQLite's lock at once (so reads inside decide on the
     latest state): committed at the end, rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
     try:
+        db.execute("BEGIN IMMEDIATE")  # inside: a KeyboardInterrupt right after it rolls back
         yield
         db.execute("COMMIT")
     except BaseException:

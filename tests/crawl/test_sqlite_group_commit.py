@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import replace
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from crawlq.backends.sqlite.backend import SQLiteBackend
-from crawlq.errors import UnknownQueue
+from crawlq.errors import BackendError, UnknownQueue
 from crawlq.tasks import prepare
 from crawlq.types import Limit, LimitRule, Mode, QueueConfig, Schedule, ScheduleResult
+from crawlq.writelock import TurnTaken
 
 from ..helpers import ManualClock, url
 
@@ -215,3 +217,92 @@ async def test_the_rest_of_a_long_log_is_copied_on_the_thread(
     assert len(copied) == 1
     assert copied[0] != threading.current_thread().name
     assert not store.log_handed_over
+
+
+async def test_a_loop_turn_takes_at_most_a_thousand_elements_in_one_transaction(
+    backend: SQLiteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the loop runs at once stays small: batches beyond AT_ONCE_ITEMS elements start a
+    transaction (and a loop callback) of their own."""
+    engine = backend.engine
+    sizes: list[list[int]] = []
+    schedule_batches = engine.schedule_batches
+
+    def recorded(batches: Sequence[Sequence[Schedule]]) -> tuple[list[ScheduleResult], list[str]]:
+        sizes.append([len(batch) for batch in batches])
+        return schedule_batches(batches)
+
+    monkeypatch.setattr(engine, "schedule_batches", recorded)
+    hosts = ("a.test", "b.test", "c.test")
+    results = await asyncio.wait_for(
+        asyncio.gather(*(links(backend, *(url(h, n) for n in range(600))) for h in hosts)),
+        DEADLINE,
+    )
+    assert sizes == [[600], [600], [600]]
+    assert [r.added for r in results] == [600, 600, 600]
+
+
+async def test_a_batch_that_found_the_turn_taken_alone_is_tried_again(
+    backend: SQLiteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing batch has the others of its turn applied one by one; one that meets another
+    process's turn then is not applied, and its caller tries again (it never hears TurnTaken),
+    while the failing one fails alone."""
+    engine = backend.engine
+    schedule = engine.schedule
+    refused: list[str] = []
+
+    def turn_taken_once(items: Sequence[Schedule]) -> tuple[ScheduleResult, list[str]]:
+        if not refused and items[0].queue == "crawl":
+            refused.append(items[0].key)
+            raise TurnTaken(backend.path)
+        return schedule(items)
+
+    monkeypatch.setattr(engine, "schedule", turn_taken_once)
+    good = asyncio.ensure_future(links(backend, url("a.test", 1)))
+    bad = asyncio.ensure_future(links(backend, url("b.test", 1), queue="missing"))
+    assert (await asyncio.wait_for(good, DEADLINE)).added == 1
+    with pytest.raises(UnknownQueue):
+        await asyncio.wait_for(bad, DEADLINE)
+    assert len(refused) == 1
+
+
+async def test_another_programs_write_lock_is_waited_for_on_the_thread(
+    backend: SQLiteBackend,
+) -> None:
+    """A program that writes the file without crawlq's write turn (a sqlite3 shell, a backup)
+    holds SQLite's own lock: the loop does not wait for it in SQLite's busy handler (the
+    thread does)."""
+    await links(backend, url("a.test", 1))
+    other = sqlite3.connect(backend.path, isolation_level=None, timeout=DEADLINE)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        claim = asyncio.ensure_future(backend.claim(["crawl"], worker="w", limit=10, lease=60))
+        turns = 0
+        while turns < 20:  # the loop turns while the claim waits
+            await asyncio.sleep(0.01)
+            turns += 1
+        assert not claim.done()
+        other.execute("COMMIT")
+        claimed = await asyncio.wait_for(claim, DEADLINE)
+    finally:
+        other.close()
+    assert [c.group for c in claimed.elements] == ["a.test"]
+
+
+async def test_a_schedule_trying_again_when_its_backend_closes_says_so(
+    tmp_path: Path,
+) -> None:
+    opened = SQLiteBackend(f"sqlite:///{tmp_path / 'queue.db'}", clock=ManualClock())
+    await opened.open()
+    await opened.ensure_queues([CRAWL])
+    other = os.open(opened.path + "-writer", os.O_RDONLY)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        pending = asyncio.ensure_future(links(opened, url("a.test", 1)))
+        await asyncio.sleep(0)  # its batch meets the taken turn, and it pauses to try again
+        await opened.close()
+        with pytest.raises(BackendError, match="not open"):
+            await asyncio.wait_for(pending, DEADLINE)
+    finally:
+        os.close(other)

@@ -18,9 +18,9 @@ import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from ...errors import BackendError, ConfigError
 from ...groupcommit import GroupCommit
@@ -51,7 +51,7 @@ from ..batch import (
     check_schedule,
 )
 from .engine import Engine
-from .store import Store, translate
+from .store import Store, busy, translate
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -149,6 +149,8 @@ class SQLiteBackend:
 
     def _locked(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         with self._busy:
+            if self._engine is not None:
+                self._engine.store.patient = True
             return fn(*args, **kwargs)
 
     async def _quick(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -165,6 +167,10 @@ class SQLiteBackend:
             return await self._on_thread(functools.partial(self._after_turn, call))
         return result
 
+    def _sized(self, count: int) -> Callable[..., Awaitable[Any]]:
+        """`_quick` for calls of at most AT_ONCE_ITEMS elements, `_call` for bigger ones."""
+        return self._quick if count <= AT_ONCE_ITEMS else self._call
+
     def _after_turn(self, call: Callable[[], T]) -> T:
         """`call()` on the thread, once no other process has the write turn: the wait is not
         made holding the connection, which the loop may use meanwhile."""
@@ -178,6 +184,7 @@ class SQLiteBackend:
         if engine is None or not self._busy.acquire(blocking=False):
             return LATER
         store = engine.store
+        handed = False
         try:
             store.patient = False
             try:
@@ -185,20 +192,20 @@ class SQLiteBackend:
             except TurnTaken:
                 return LATER
             except sqlite3.Error as exc:
+                if busy(exc):  # a read that met another program's lock
+                    return LATER
                 raise translate(exc, self.path) from exc
             finally:
-                store.patient = True
                 handed = store.log_handed_over and not self._log_handed
                 self._log_handed |= handed
         finally:
             self._busy.release()
             if handed and self._thread is not None:
-                self._thread.submit(functools.partial(self._finish_log, store))
+                self._thread.submit(functools.partial(self._locked, self._finish_log, store))
 
     def _finish_log(self, store: Store) -> None:
-        with self._busy:
-            self._log_handed = False
-            store.finish_log()
+        self._log_handed = False
+        store.finish_log()
 
     @property
     def engine(self) -> Engine:
@@ -241,24 +248,32 @@ class SQLiteBackend:
                     break
                 await asyncio.sleep(pause)
                 done = await self._schedule_soon(items)
-        result, wake = done if done is not None else await self._thread(items)
+        if done is None:
+            if self._thread is None:  # closed while it tried
+                raise BackendError(f"backend {self.url} is not open")
+            done = await self._thread(items)
+        result, wake = done
         if wake:
             self._wake.send(dict.fromkeys(wake))
         return result
 
     def _schedule_soon(self, items: Sequence[Schedule]) -> asyncio.Future[_Scheduled | None]:
-        """The batch's outcome at the loop's next turn, with every batch handed over meanwhile
-        in one transaction; None if that transaction could not run at once."""
+        """The batch's outcome at the loop's next turn, with the batches handed over meanwhile
+        in one transaction of at most AT_ONCE_ITEMS elements (more start another, which runs
+        in a callback of its own); None if that transaction could not run at once."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Scheduled | None] = loop.create_future()
-        waiting = self._soon.setdefault(loop, [])
+        waiting = self._soon.get(loop)
+        if waiting is None or sum(len(i) for i, _ in waiting) + len(items) > AT_ONCE_ITEMS:
+            waiting = self._soon[loop] = []
+            loop.call_soon(self._run_soon, loop, waiting)
         waiting.append((items, future))
-        if len(waiting) == 1:
-            loop.call_soon(self._run_soon, loop)
         return future
 
-    def _run_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        taken = [(items, f) for items, f in self._soon.pop(loop, []) if not f.cancelled()]
+    def _run_soon(self, loop: asyncio.AbstractEventLoop, waiting: _Soon) -> None:
+        if self._soon.get(loop) is waiting:
+            del self._soon[loop]
+        taken = [(items, f) for items, f in waiting if not f.cancelled()]
         if not taken:
             return
         outcomes: Sequence[_Scheduled | BaseException] | _Later
@@ -269,8 +284,8 @@ class SQLiteBackend:
         for index, (_, future) in enumerate(taken):
             if future.done():
                 continue
-            if isinstance(outcomes, _Later):
-                future.set_result(None)
+            if isinstance(outcomes, _Later) or isinstance(outcomes[index], TurnTaken):
+                future.set_result(None)  # not applied: it tries again, or goes to the thread
             elif isinstance(outcome := outcomes[index], BaseException):
                 future.set_exception(outcome)
             else:
@@ -316,12 +331,12 @@ class SQLiteBackend:
 
     async def ack(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._quick(self.engine.ack, elements))
+            self._wake.send(await self._sized(len(elements))(self.engine.ack, elements))
 
     async def fail(self, failures: Sequence[Failure]) -> None:
         check_failures(failures)
         if failures:
-            self._wake.send(await self._quick(self.engine.fail, failures))
+            self._wake.send(await self._sized(len(failures))(self.engine.fail, failures))
 
     async def finish(
         self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
@@ -330,18 +345,18 @@ class SQLiteBackend:
             check_schedule(item)
         check_failures(failures)
         if follow or acks or failures:
-            call = self._quick if len(follow) <= AT_ONCE_ITEMS else self._call
+            call = self._sized(len(follow) + len(acks) + len(failures))
             self._wake.send(await call(self.engine.finish, follow, acks, failures))
 
     async def release(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._quick(self.engine.release, elements))
+            self._wake.send(await self._sized(len(elements))(self.engine.release, elements))
 
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         check_leases(lease, {e.queue for e in elements})
-        await self._quick(self.engine.heartbeat, worker, elements, lease)
+        await self._sized(len(elements))(self.engine.heartbeat, worker, elements, lease)
 
     async def register_worker(self, worker: WorkerInfo) -> None:
         await self._call(self.engine.register_worker, worker)

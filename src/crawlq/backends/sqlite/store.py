@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendCorrupt, BackendError, BackendUnavailable
-from ...writelock import WriteLock, immediate
+from ...writelock import TurnTaken, WriteLock, immediate
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_MS = 60_000
@@ -73,6 +73,11 @@ def _disk_full(exc: sqlite3.Error, path: str) -> bool:
     return disk.f_bavail * disk.f_frsize < LOW_SPACE
 
 
+def busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite found the database locked by another connection (SQLITE_BUSY)."""
+    return exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+
+
 def translate(exc: sqlite3.Error, path: str) -> BackendError:
     """A driver error as the crawlq error a person can act on."""
     message = str(exc)
@@ -97,10 +102,7 @@ class Store:
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
-        #: Whether a transaction waits for the write turn (else it raises TurnTaken), and
-        #: copies the rest of a long log when the checkpointer hands it over (else it leaves
-        #: that to `finish_log`): what the event loop must not wait for.
-        self.patient = True
+        self._patient = True
         #: The schema version this process migrated the database from (None: it did not).
         self.migrated_from: int | None = None
         self._check_file(create)
@@ -176,12 +178,31 @@ class Store:
                         self.db.execute(statement)
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    @property
+    def patient(self) -> bool:
+        """Whether the connection waits for what another holds: the write turn (else a
+        transaction raises TurnTaken), SQLite's lock (else SQLITE_BUSY at once, and
+        TurnTaken from a transaction, which it rolled back), and the rest of a long log to
+        copy (else it is left to `finish_log`). The event loop must not wait for them."""
+        return self._patient
+
+    @patient.setter
+    def patient(self, patient: bool) -> None:
+        if patient != self._patient:
+            self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS if patient else 0}")
+            self._patient = patient
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Takes the write lock now, so that reads inside decide on the latest state."""
-        with self._write_lock.transaction(self.db, wait=self.patient):
-            yield
-        if self._checkpointer.wanted() and self.patient:
+        try:
+            with self._write_lock.transaction(self.db, wait=self._patient):
+                yield
+        except sqlite3.OperationalError as exc:
+            if self._patient or not busy(exc):
+                raise
+            raise TurnTaken(self.path) from exc  # another program writes: wait for it elsewhere
+        if self._checkpointer.wanted() and self._patient:
             self._restart_log()
 
     def wait_for_turn(self) -> None:
