@@ -6,9 +6,11 @@ run at once on the event loop when the connection is free and no other process h
 write turn: a claim of a hundred takes a few milliseconds, less than handing it to a thread
 costs in a busy process, where each statement gives up the GIL and waits to take it back.
 A page's links wait for the loop's next turn, so that every batch handed over meanwhile goes
-in one transaction. The rest (big batches, reports, opening and closing), and any call that
-would wait for another process's write turn or for the disk to sync a checkpoint, runs on
-the thread: the event loop never waits on either.
+in one transaction. The rest (big batches, reports, opening and closing), any call that would
+wait for another process's write turn or another program's lock, and the copy of a long
+log's rest (it syncs the file) run on the thread: the event loop never waits for another
+process. (SQLite's own automatic checkpoint, the bound should the checkpointer fall far
+behind, may still come in a commit made on the loop.)
 """
 
 from __future__ import annotations
