@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 from ...errors import BackendError, ConfigError
 from ...groupcommit import GroupCommit
@@ -61,7 +61,7 @@ T = TypeVar("T")
 DEFAULT_URL = "sqlite:///crawlq.db"
 
 _Scheduled = tuple[ScheduleResult, list[str]]  # and the addresses to wake for it
-_Soon = list[tuple[Sequence[Schedule], "asyncio.Future[_Scheduled | None]"]]
+_Soon = list[tuple[Sequence[Schedule], "asyncio.Future[_Scheduled | _Later]"]]
 
 #: Batches of at most this many elements, and claims of at most this many, may run on the
 #: event loop (a few milliseconds); bigger ones go to the thread.
@@ -77,6 +77,18 @@ class _Later:
 
 
 LATER = _Later()
+
+
+async def _tried(attempt: Callable[[], Awaitable[T | _Later]]) -> T | _Later:
+    """`attempt()`, made again after each pause of AGAIN_AFTER while it could not run at once
+    (LATER); LATER if it never could."""
+    result = await attempt()
+    for pause in AGAIN_AFTER:
+        if not isinstance(result, _Later):
+            break
+        await asyncio.sleep(pause)
+        result = await attempt()
+    return result
 
 
 def path_from_url(url: str) -> str:
@@ -159,19 +171,22 @@ class SQLiteBackend:
         """`fn` on the event loop as soon as it can run there without waiting, or if it
         cannot for a while, on the thread."""
         call = functools.partial(fn, *args, **kwargs)
-        result = self._now(call)
-        for pause in AGAIN_AFTER:
-            if not isinstance(result, _Later):
-                return result
-            await asyncio.sleep(pause)
-            result = self._now(call)
+
+        async def now() -> T | _Later:
+            return self._now(call)
+
+        result = await _tried(now)
         if isinstance(result, _Later):
             return await self._on_thread(functools.partial(self._after_turn, call))
         return result
 
-    def _sized(self, count: int) -> Callable[..., Awaitable[Any]]:
+    async def _by_size(
+        self, count: int, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """`_quick` for calls of at most AT_ONCE_ITEMS elements, `_call` for bigger ones."""
-        return self._quick if count <= AT_ONCE_ITEMS else self._call
+        if count <= AT_ONCE_ITEMS:
+            return await self._quick(fn, *args, **kwargs)
+        return await self._call(fn, *args, **kwargs)
 
     def _after_turn(self, call: Callable[[], T]) -> T:
         """`call()` on the thread, once no other process has the write turn: the wait is not
@@ -215,8 +230,10 @@ class SQLiteBackend:
             raise BackendError(f"backend {self.url} is not open")
         return self._engine
 
-    async def _woken(self, call: Callable[[], tuple[T, list[str]]], *, quick: bool = False) -> T:
-        result, wake = await (self._quick(call) if quick else self._call(call))
+    async def _woken(self, call: Callable[[], tuple[T, list[str]]], *, count: int = -1) -> T:
+        """The call's result, its wake-ups sent; on the thread, unless `count` (its elements)
+        lets `_by_size` try the loop first."""
+        result, wake = await (self._by_size(count, call) if count >= 0 else self._call(call))
         if wake:
             self._wake.send(wake)
         return result
@@ -242,15 +259,10 @@ class SQLiteBackend:
             check_schedule(item)
         if self._thread is None:
             raise BackendError(f"backend {self.url} is not open")
-        done = None
+        done: _Scheduled | _Later = LATER
         if len(items) <= AT_ONCE_ITEMS:
-            done = await self._schedule_soon(items)
-            for pause in AGAIN_AFTER:
-                if done is not None:
-                    break
-                await asyncio.sleep(pause)
-                done = await self._schedule_soon(items)
-        if done is None:
+            done = await _tried(functools.partial(self._schedule_soon, items))
+        if isinstance(done, _Later):
             if self._thread is None:  # closed while it tried
                 raise BackendError(f"backend {self.url} is not open")
             done = await self._thread(items)
@@ -259,12 +271,12 @@ class SQLiteBackend:
             self._wake.send(dict.fromkeys(wake))
         return result
 
-    def _schedule_soon(self, items: Sequence[Schedule]) -> asyncio.Future[_Scheduled | None]:
+    def _schedule_soon(self, items: Sequence[Schedule]) -> asyncio.Future[_Scheduled | _Later]:
         """The batch's outcome at the loop's next turn, with the batches handed over meanwhile
         in one transaction of at most AT_ONCE_ITEMS elements (more start another, which runs
-        in a callback of its own); None if that transaction could not run at once."""
+        in a callback of its own); LATER if that transaction could not run at once."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_Scheduled | None] = loop.create_future()
+        future: asyncio.Future[_Scheduled | _Later] = loop.create_future()
         waiting = self._soon.get(loop)
         if waiting is None or sum(len(i) for i, _ in waiting) + len(items) > AT_ONCE_ITEMS:
             waiting = self._soon[loop] = []
@@ -287,7 +299,7 @@ class SQLiteBackend:
             if future.done():
                 continue
             if isinstance(outcomes, _Later) or isinstance(outcomes[index], TurnTaken):
-                future.set_result(None)  # not applied: it tries again, or goes to the thread
+                future.set_result(LATER)  # not applied: it tries again, or goes to the thread
             elif isinstance(outcome := outcomes[index], BaseException):
                 future.set_exception(outcome)
             else:
@@ -329,16 +341,16 @@ class SQLiteBackend:
     ) -> ClaimResult:
         check_leases(lease, queues)
         claim = functools.partial(self.engine.claim, queues, worker, limit, lease)
-        return await self._woken(claim, quick=limit <= AT_ONCE_ITEMS)
+        return await self._woken(claim, count=limit)
 
     async def ack(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._sized(len(elements))(self.engine.ack, elements))
+            self._wake.send(await self._by_size(len(elements), self.engine.ack, elements))
 
     async def fail(self, failures: Sequence[Failure]) -> None:
         check_failures(failures)
         if failures:
-            self._wake.send(await self._sized(len(failures))(self.engine.fail, failures))
+            self._wake.send(await self._by_size(len(failures), self.engine.fail, failures))
 
     async def finish(
         self, follow: Sequence[Schedule], acks: Sequence[Claimed], failures: Sequence[Failure]
@@ -347,18 +359,18 @@ class SQLiteBackend:
             check_schedule(item)
         check_failures(failures)
         if follow or acks or failures:
-            call = self._sized(len(follow) + len(acks) + len(failures))
-            self._wake.send(await call(self.engine.finish, follow, acks, failures))
+            count = len(follow) + len(acks) + len(failures)
+            self._wake.send(await self._by_size(count, self.engine.finish, follow, acks, failures))
 
     async def release(self, elements: Sequence[Claimed]) -> None:
         if elements:
-            self._wake.send(await self._sized(len(elements))(self.engine.release, elements))
+            self._wake.send(await self._by_size(len(elements), self.engine.release, elements))
 
     async def heartbeat(
         self, worker: WorkerInfo, elements: Sequence[Claimed], lease: Leases
     ) -> None:
         check_leases(lease, {e.queue for e in elements})
-        await self._sized(len(elements))(self.engine.heartbeat, worker, elements, lease)
+        await self._by_size(len(elements), self.engine.heartbeat, worker, elements, lease)
 
     async def register_worker(self, worker: WorkerInfo) -> None:
         await self._call(self.engine.register_worker, worker)

@@ -221,10 +221,7 @@ class Engine:
         would have done on its own, and whom to wake."""
         try:
             with self.store.transaction():
-                if len(batches) == 1:
-                    results = [self._schedule(batches[0])]
-                else:
-                    results = self._schedule_in_turn(batches)
+                results = self._schedule_in_turn(batches)
                 changed: set[int] = set()
                 for items, result in zip(batches, results, strict=True):
                     changed |= self._scheduled_queues(items, result)
@@ -240,6 +237,8 @@ class Engine:
         """Batches in turn. Those that share no element cannot see each other's work, so a
         run of them goes through the batch statements together: a crawl's group commit
         brings dozens of pages' few links each, and each pass costs a dozen statements."""
+        if len(batches) == 1:  # a bulk schedule: no need to know its keys
+            return [self._schedule(batches[0])]
         results: list[ScheduleResult] = []
         run: list[list[Schedule]] = []
         slots: set[tuple[str, str]] = set()
