@@ -161,7 +161,8 @@ def _hold_until_released(
     writer.join()
     said.put("released")
     while True:
-        signal.pause()
+        # Not signal.pause(): a signal that lands just before it would wait for another.
+        time.sleep(0.05)
 
 
 def test_a_terminal_stop_waits_for_the_write_turn_to_end(tmp_path: Path) -> None:
