@@ -17,7 +17,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from benchmarks import crawlq_bench, redis_compare
+from benchmarks import crawlq_bench, redis_compare, redis_floor
 from benchmarks.peers import NAMES
 from benchmarks.peers.run import IO_TASKS, NOOP_TASKS
 from crawlq.testing.redis_server import redis_server
@@ -30,7 +30,10 @@ def run_redis(big: int, peers: bool) -> list[dict[str, Any]]:
     """crawlq on Redis and (unless ``peers`` is false) every peer, on one redis-server."""
     systems = redis_compare.SYSTEMS if peers else ("crawlq",)
     with redis_server() as url:
-        return redis_compare.run_all(url, systems=systems, big=big)
+        results = redis_compare.run_all(url, systems=systems, big=big)
+        if peers:
+            results += redis_floor.measure(url)
+        return results
 
 
 def is_sqlite(r: dict[str, Any]) -> bool:
@@ -324,6 +327,28 @@ def redis_section(results: list[dict[str, Any]]) -> list[str]:
         "How each system was run:",
         "",
         redis_configs(results),
+        *floor_section(results),
+    ]
+
+
+def floor_section(results: list[dict[str, Any]]) -> list[str]:
+    table = redis_floor.table(results)
+    if not table:
+        return []
+    return [
+        "",
+        "### Single calls: what crawlq's client costs alone",
+        "",
+        "benchmarks/redis_floor.py: crawlq's single schedule and single claim (one element a "
+        "claim, from 100,000 elements in the claim queue's 10,000 groups, 9,000 blocked), as "
+        "they are and with the operation's Redis function swapped for one that does no work "
+        "and returns a reply of the same shape, "
+        "against Huey's enqueue (one LPUSH) and dequeue (one RPOP); "
+        f"{redis_floor.ROUNDS} rounds of {redis_floor.CALLS:,} calls, the variants taking "
+        "turns, medians. With the server's work gone, what is left is the client's: the event "
+        "loop's round trip, the API, packing and parsing.",
+        "",
+        table,
     ]
 
 
