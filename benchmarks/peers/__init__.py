@@ -27,8 +27,10 @@ NAMES = ("celery", "rq", "dramatiq", "arq", "huey")
 
 #: How long an ``io`` task sleeps.
 IO_SLEEP = 0.05
-#: Concurrency per process for the ``io`` workload (crawlq runs ~200-500 slots).
-IO_CONCURRENCY = 200
+#: Concurrency per process for the ``io`` workload (crawlq runs ~200-500 slots); the
+#: environment's IO_CONCURRENCY_ENV sets another, for the peers' worker processes as well.
+IO_CONCURRENCY_ENV = "BENCH_IO_CONCURRENCY"
+IO_CONCURRENCY = int(os.environ.get(IO_CONCURRENCY_ENV, "200"))
 #: Worker processes read the Redis URL from here.
 URL_ENV = "BENCH_REDIS_URL"
 QUEUE = "bench"
