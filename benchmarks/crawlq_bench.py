@@ -83,7 +83,8 @@ def timed(
     )
 
 
-async def _open(url: str) -> Backend:
+async def opened(url: str) -> Backend:
+    """The backend of `url`, open."""
     backend = open_backend(url)
     await backend.open()
     return backend
@@ -203,11 +204,11 @@ def drain(
     )
 
 
-async def _fill_claims(target: Target, queued: int) -> tuple[str, float]:
+async def fill_claims(target: Target, queued: int) -> tuple[str, float]:
     """A queue of `queued` elements in GROUPS groups, 90% of them blocked, its backend
     closed (a SQLite file checkpointed) again: its URL and the seconds the fill took."""
     url = target.url(f"claims-{queued}")
-    backend = await _open(url)
+    backend = await opened(url)
     config = QueueConfig(name="pages")
     await backend.ensure_queues([config])
     await backend.set_limits([LimitRule(pattern="*", limit=Limit())])
@@ -256,10 +257,10 @@ async def claim_rate(target: Target, sizes: Sequence[int]) -> list[dict[str, Any
     the median round's, and the first (cold) round's is kept beside it. One round is only
     ~0.1 s, so a single one says more about when a checkpoint fell than about the claim.
     """
-    filled = {queued: await _fill_claims(target, queued) for queued in sizes}
+    filled = {queued: await fill_claims(target, queued) for queued in sizes}
     results = []
     for per_claim in (1, 100):
-        backends = {queued: await _open(url) for queued, (url, _) in filled.items()}
+        backends = {queued: await opened(url) for queued, (url, _) in filled.items()}
         rates: dict[int, list[float]] = {queued: [] for queued in sizes}
         for _ in range(CLAIM_ROUNDS):
             for queued, backend in backends.items():

@@ -43,6 +43,8 @@ from crawlq.backends.redis import scripts
 
 CALLS = 2_000
 ROUNDS = 7
+#: What is measured of each call, in the tables' order.
+VARIANTS = ("crawlq", "crawlq client alone", "huey")
 #: Functions of the same calling convention as crawlq's (KEYS[1] the anchor, ARGV the
 #: prefix, the clock and the arguments) that do no work: a schedule's reply says one element
 #: added; a claim's takes one element, read by the client as a real claim's.
@@ -87,7 +89,7 @@ def schedules(redis_url: str, rounds: int) -> dict[str, list[float]]:
     def batch() -> list[str]:
         return [next(urls) for _ in range(CALLS)]
 
-    rates: dict[str, list[float]] = {"crawlq": [], "crawlq client alone": [], "huey": []}
+    rates: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     try:
         crawlq.send_each([next(urls)])  # the backend's first call loads the library
         for _ in range(rounds):
@@ -104,15 +106,15 @@ def schedules(redis_url: str, rounds: int) -> dict[str, list[float]]:
 
 def claims(redis_url: str, rounds: int) -> dict[str, list[float]]:
     flush(redis_url)
-    rates: dict[str, list[float]] = {"crawlq": [], "crawlq client alone": [], "huey": []}
+    rates: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     huey, _ = open_client("huey", redis_url, "")
     huey.fill(rounds * CALLS + CALLS)
     with tempfile.TemporaryDirectory(prefix="redis-floor-") as folder:
         target = Target(Path(folder), redis_url)
 
-        async def measure() -> None:
-            url, _ = await crawlq_bench._fill_claims(target, crawlq_bench.GROUPS * 10)
-            backend = await crawlq_bench._open(url)
+        async def run() -> None:
+            url, _ = await crawlq_bench.fill_claims(target, crawlq_bench.GROUPS * 10)
+            backend = await crawlq_bench.opened(url)
 
             async def timed(claim: Callable[[], Awaitable[Any]], real: bool = True) -> float:
                 taken = []
@@ -138,7 +140,7 @@ def claims(redis_url: str, rounds: int) -> dict[str, list[float]]:
                 await backend.close()
 
         try:
-            asyncio.run(measure())
+            asyncio.run(run())
         finally:
             huey.close()
     return rates
@@ -179,7 +181,7 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for call in ("schedule", "claim"):
         by = {r["variant"]: r for r in floor if r["call"] == call}
-        ours, alone, huey = by["crawlq"], by["crawlq client alone"], by["huey"]
+        ours, alone, huey = (by[variant] for variant in VARIANTS)
         rows.append(
             f"| {call} | {ours['rate']:,.0f} | {alone['rate']:,.0f} | {huey['rate']:,.0f} | "
             f"{ours['vs_huey']:.2f}x | {alone['vs_huey']:.2f}x |"
