@@ -125,6 +125,11 @@ class CrawlqClient:
 
         self.runner.run(send())
 
+    def send_each_sync(self, urls: Sequence[str]) -> None:
+        """As `send_each`, through the sync API (`app.schedule`) from this thread."""
+        for url in urls:
+            self.app.schedule(self.pages, url)
+
     def send_many(self, urls: Sequence[str]) -> None:
         async def send() -> None:
             for start in range(0, len(urls), BULK):
@@ -140,6 +145,7 @@ class CrawlqClient:
     def close(self) -> None:
         self.runner.run(self.app.aclose())
         self.runner.close()
+        self.app.close()  # the sync API's backend, if `send_each_sync` opened it
 
 
 async def _page(ctx: crawlq.Context, url: str) -> None:

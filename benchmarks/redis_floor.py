@@ -14,7 +14,9 @@ machine then falls on every variant alike), the median round reported:
   function swapped for one that does nothing and returns a fixed reply of the real one's
   shape (a schedule's counts; a claim of one element, as a real claim's reply), so the client
   sends, waits, parses and builds its result exactly as it does for real;
-- Huey: `task(url)` (one LPUSH) and `huey.dequeue()` (one RPOP), as redis_compare runs them.
+- Huey: `task(url)` (one LPUSH) and `huey.dequeue()` (one RPOP), as redis_compare runs them;
+- crawlq's schedule from plain synchronous code, as Huey's is: `app.schedule(task, url)`,
+  which runs the app's private event loop on the calling thread (crawlq.portal).
 
 If the client alone is no faster than Huey's whole call, no cheaper operation on the server
 can put crawlq's single call ahead: what is left is the event loop's round trip and the API.
@@ -45,6 +47,8 @@ CALLS = 2_000
 ROUNDS = 7
 #: What is measured of each call, in the tables' order.
 VARIANTS = ("crawlq", "crawlq client alone", "huey")
+#: Measured of the schedule only: the same call from plain synchronous code, as Huey's is.
+SYNC = "crawlq sync API"
 #: Functions of the same calling convention as crawlq's (KEYS[1] the anchor, ARGV the
 #: prefix, the clock and the arguments) that do no work: a schedule's reply says one element
 #: added; a claim's takes one element, read by the client as a real claim's.
@@ -89,15 +93,17 @@ def schedules(redis_url: str, rounds: int) -> dict[str, list[float]]:
     def batch() -> list[str]:
         return [next(urls) for _ in range(CALLS)]
 
-    rates: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    rates: dict[str, list[float]] = {variant: [] for variant in (*VARIANTS, SYNC)}
     try:
         crawlq.send_each([next(urls)])  # the backend's first call loads the library
+        crawlq.send_each_sync([next(urls)])  # and the sync API's first opens its own
         for _ in range(rounds):
             rates["crawlq"].append(rate(CALLS, partial(crawlq.send_each, batch())))
             with idle_server_work("schedule"):
                 sent = partial(crawlq.send_each, batch())
                 rates["crawlq client alone"].append(rate(CALLS, sent))
             rates["huey"].append(rate(CALLS, partial(huey.send_each, batch())))
+            rates[SYNC].append(rate(CALLS, partial(crawlq.send_each_sync, batch())))
     finally:
         crawlq.close()
         huey.close()
@@ -175,16 +181,21 @@ def table(results: list[dict[str, Any]]) -> str:
     if not floor:
         return ""
     rows = [
-        "| one call a time (/s) | crawlq | crawlq, client alone | huey | crawlq vs huey | "
-        "client alone vs huey |",
-        "|---|---|---|---|---|---|",
+        "| one call a time (/s) | crawlq | crawlq, client alone | crawlq sync API | huey | "
+        "crawlq vs huey | client alone vs huey | sync API vs huey |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for call in ("schedule", "claim"):
         by = {r["variant"]: r for r in floor if r["call"] == call}
         ours, alone, huey = (by[variant] for variant in VARIANTS)
+        sync = by.get(SYNC)  # a claim has no sync API
+        sync_rate, sync_ratio = (
+            (f"{sync['rate']:,.0f}", f"{sync['vs_huey']:.2f}x") if sync else ("-", "-")
+        )
         rows.append(
-            f"| {call} | {ours['rate']:,.0f} | {alone['rate']:,.0f} | {huey['rate']:,.0f} | "
-            f"{ours['vs_huey']:.2f}x | {alone['vs_huey']:.2f}x |"
+            f"| {call} | {ours['rate']:,.0f} | {alone['rate']:,.0f} | {sync_rate} | "
+            f"{huey['rate']:,.0f} | {ours['vs_huey']:.2f}x | {alone['vs_huey']:.2f}x | "
+            f"{sync_ratio} |"
         )
     return "\n".join(rows)
 

@@ -343,7 +343,8 @@ def floor_section(results: list[dict[str, Any]]) -> list[str]:
         "claim, from 100,000 elements in the claim queue's 10,000 groups, 9,000 blocked), as "
         "they are and with the operation's Redis function swapped for one that does no work "
         "and returns a reply of the same shape, "
-        "against Huey's enqueue (one LPUSH) and dequeue (one RPOP); "
+        "against Huey's enqueue (one LPUSH) and dequeue (one RPOP), and crawlq's schedule "
+        "from plain synchronous code as Huey's is (`app.schedule`); "
         f"{redis_floor.ROUNDS} rounds of {redis_floor.CALLS:,} calls, the variants taking "
         "turns, medians. With the server's work gone, what is left is the client's: the event "
         "loop's round trip, the API, packing and parsing.",
