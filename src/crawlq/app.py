@@ -296,7 +296,7 @@ class App:
             await backend.close()
 
     def close(self) -> None:
-        """Closes the backend used by the sync API and its thread."""
+        """Closes the backend used by the sync API and its event loop."""
         if self._portal.running:
             self._portal.call(self.aclose())
         self._portal.close()
