@@ -3,12 +3,18 @@
 A call runs the loop on the calling thread itself. Handing the coroutine to a loop kept
 running on a thread of its own, and waiting for the answer, cost ~110 us a call here (two
 thread wake-ups), two fifths of a single `app.schedule` on Redis; running the loop in place
-costs ~15 (`python -m benchmarks.redis_floor` measures `app.schedule`).
+costs ~15, and ~22 with the Ctrl-C handling below (`python -m benchmarks.redis_floor`
+measures `app.schedule`).
 
 Only one thread can run a loop at a time. A call made while another thread runs it is
-handed to that run, which goes on until every call handed to it has its answer; the waiting
-thread takes the loop over if the run ends before its answer comes. A thread that runs an
-event loop of its own cannot run this one: a helper thread runs it for the call.
+handed to that run, and its thread waits: for its answer, or for the run to end, and then
+runs the loop itself until its answer comes (a thread never runs it longer, for calls made
+after its own). A thread that runs an event loop of its own cannot run this one: a helper
+thread runs it for the call.
+
+Ctrl-C while the main thread runs the loop cancels the main thread's own call, which then
+raises KeyboardInterrupt, as `asyncio.run` does: the loop may be running other threads'
+calls too, and an interrupt raised in one of them would leave it half done.
 
 Between calls the loop stands still. What the backends leave on it (a connection kept for
 the next call) needs no one to run it while no call waits on it.
@@ -17,12 +23,19 @@ the next call) needs no one to run it while no call waits on it.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
-from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import CancelledError, Future
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: The thread id `close` takes the loop under: no call runs it while it is being shut.
+CLOSING = -1
+#: Rounds of cancelling what is left on the loop, for tasks that catch their cancellation.
+CANCEL_ROUNDS = 3
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -40,7 +53,6 @@ class Portal:
         self._lock = threading.Lock()  # making and dropping the loop
         self._turn = threading.Condition()  # who runs the loop; answers coming in
         self._runner: int | None = None  # the thread running the loop, if one is
-        self._waiting: set[Future[Any]] = set()  # calls without their answer yet
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -59,46 +71,43 @@ class Portal:
         if own is loop:
             coro.close()
             raise RuntimeError("Portal.call() from its own loop would deadlock")
-        if own is None:
-            with self._turn:
-                free = self._runner is None
-                if free:
-                    self._runner = threading.get_ident()
-            if free:
-                try:
-                    return loop.run_until_complete(coro)
-                finally:
-                    self._step_down()
-        answer = asyncio.run_coroutine_threadsafe(coro, loop)
-        with self._turn:
-            self._waiting.add(answer)
-        answer.add_done_callback(self._answered)
-        if own is None:
-            self._run(loop, until=answer.done)
-        else:
-            threading.Thread(
-                target=self._run, args=(loop, answer.done), name="crawlq-portal", daemon=True
-            ).start()
-        return answer.result()
+        try:
+            return self._answer(loop, own, coro)
+        except (asyncio.CancelledError, CancelledError):
+            if loop is not self._loop:  # `close` dropped the loop and cancelled the call
+                raise RuntimeError("the portal was closed during this call") from None
+            raise
 
-    def _answered(self, answer: Future[Any]) -> None:
-        with self._turn:
-            self._waiting.discard(answer)
-            self._turn.notify_all()
-
-    def _run(self, loop: asyncio.AbstractEventLoop, until: Callable[[], bool]) -> None:
-        """Runs the loop on this thread, whenever no other thread does, until `until()`."""
-        while True:
-            with self._turn:
-                while self._runner is not None and not until():
-                    self._turn.wait()
-                if until():
-                    return
-                self._runner = threading.get_ident()
+    def _answer(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        own: asyncio.AbstractEventLoop | None,
+        coro: Coroutine[Any, Any, T],
+    ) -> T:
+        if own is None and self._take(loop):
             try:
-                loop.run_until_complete(self._all_answered())
+                task = loop.create_task(coro)
+                with _interrupts_cancel(loop, task):
+                    return _run_until_done(loop, task)
             finally:
                 self._step_down()
+        answer = asyncio.run_coroutine_threadsafe(coro, loop)
+        answer.add_done_callback(self._answered)
+        if own is None:
+            self._wait_or_run(loop, answer)
+        else:
+            self._on_helper(loop, answer)
+        return answer.result()
+
+    def _take(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Makes this thread the loop's runner if no thread is."""
+        with self._turn:
+            if self._runner is not None:
+                return False
+            if loop.is_closed():
+                raise RuntimeError("the portal was closed during this call")
+            self._runner = threading.get_ident()
+            return True
 
     def _step_down(self) -> None:
         """Leaves the loop to a thread waiting for an answer that has not come."""
@@ -106,38 +115,129 @@ class Portal:
             self._runner = None
             self._turn.notify_all()
 
-    async def _all_answered(self) -> None:
-        """Returns once no call waits for an answer, those handed over meanwhile included."""
+    def _answered(self, answer: Future[Any]) -> None:
+        with self._turn:
+            self._turn.notify_all()
+
+    def _wait_or_run(self, loop: asyncio.AbstractEventLoop, answer: Future[Any]) -> None:
+        """Waits for a handed-over call's answer, running the loop for it whenever no other
+        thread does."""
         while True:
             with self._turn:
-                waiting = list(self._waiting)
-            if not waiting:
-                return
-            await asyncio.wait([asyncio.wrap_future(answer) for answer in waiting])
+                while self._runner is not None and not answer.done():
+                    self._turn.wait()
+                if answer.done():
+                    return
+            if self._take(loop):
+                try:
+                    with _interrupts_cancel(loop, answer):
+                        _run_until_done(loop, asyncio.wrap_future(answer, loop=loop))
+                finally:
+                    self._step_down()
+
+    def _on_helper(self, loop: asyncio.AbstractEventLoop, answer: Future[Any]) -> None:
+        """`_wait_or_run` on a helper thread, for a caller that runs a loop of its own."""
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._wait_or_run(loop, answer)
+            except BaseException as exc:  # the caller raises it
+                failed.append(exc)
+
+        helper = threading.Thread(target=run, name="crawlq-portal", daemon=True)
+        helper.start()
+        helper.join()
+        if failed and not answer.done():
+            raise failed[0]
 
     def close(self) -> None:
-        """Drops the loop once no thread runs it: cancels what is left on it and closes it."""
+        """Drops the loop: cancels what is on it (calls under way then raise RuntimeError)
+        and closes it."""
+        if self._loop is not None and _running_loop() is self._loop:
+            raise RuntimeError("Portal.close() from its own loop would deadlock")
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is None:
             return
         with self._turn:
+            if self._runner is not None:  # calls under way end now, as the loop is closed
+                loop.call_soon_threadsafe(_cancel_all, loop)
             while self._runner is not None:
                 self._turn.wait()
-        if _running_loop() is None:
-            _shut(loop)
-        else:
-            helper = threading.Thread(target=_shut, args=(loop,), name="crawlq-portal-close")
-            helper.start()
-            helper.join()
+            self._runner = CLOSING
+        try:
+            if _running_loop() is None:
+                _shut(loop)
+            else:
+                helper = threading.Thread(target=_shut, args=(loop,), name="crawlq-portal-close")
+                helper.start()
+                helper.join()
+        finally:
+            self._step_down()
+
+
+def _run_until_done(loop: asyncio.AbstractEventLoop, future: asyncio.Future[T]) -> T:
+    """`run_until_complete`, run again if it ended early: a run that an interrupt ended just
+    as its future was done leaves its stop behind, and that stop ends the next run."""
+    while True:
+        try:
+            return loop.run_until_complete(future)
+        except RuntimeError as exc:
+            if future.done() or "stopped before Future completed" not in str(exc):
+                raise
+
+
+@contextmanager
+def _interrupts_cancel(
+    loop: asyncio.AbstractEventLoop, call: asyncio.Future[Any] | Future[Any]
+) -> Iterator[None]:
+    """While the main thread runs the loop: Ctrl-C cancels `call`, which raises
+    KeyboardInterrupt, instead of an interrupt raised in whatever code the loop was running.
+    A second Ctrl-C interrupts at once. Elsewhere, or with a handler of the program's own,
+    nothing changes."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    interrupted = False
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if interrupted or call.done():
+            raise KeyboardInterrupt
+        interrupted = True
+        call.cancel()
+        loop.call_soon_threadsafe(lambda: None)  # wakes the loop if it waits for I/O
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()
 
 
 def _shut(loop: asyncio.AbstractEventLoop) -> None:
-    left = asyncio.all_tasks(loop)
-    for task in left:
-        task.cancel()
-    if left:
-        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
-    loop.close()
+    try:
+        loop.run_until_complete(asyncio.sleep(0))  # calls handed over just now become tasks
+        for _ in range(CANCEL_ROUNDS):
+            left = asyncio.all_tasks(loop)
+            if not left:
+                break
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
