@@ -84,14 +84,20 @@ class Portal:
         own: asyncio.AbstractEventLoop | None,
         coro: Coroutine[Any, Any, T],
     ) -> T:
-        if own is None and self._take(loop):
+        try:
+            mine = own is None and self._take(loop)
+            if not mine:
+                answer = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed: `close` ran meanwhile
+            coro.close()
+            raise RuntimeError("the portal was closed during this call") from None
+        if mine:
             try:
                 task = loop.create_task(coro)
                 with _interrupts_cancel(loop, task):
                     return _run_until_done(loop, task)
             finally:
                 self._step_down()
-        answer = asyncio.run_coroutine_threadsafe(coro, loop)
         answer.add_done_callback(self._answered)
         if own is None:
             self._wait_or_run(loop, answer)
@@ -105,7 +111,7 @@ class Portal:
             if self._runner is not None:
                 return False
             if loop.is_closed():
-                raise RuntimeError("the portal was closed during this call")
+                raise RuntimeError("the portal was closed")
             self._runner = threading.get_ident()
             return True
 
