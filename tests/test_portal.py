@@ -51,7 +51,7 @@ def test_a_call_runs_on_the_calling_thread() -> None:
 
 def test_calls_from_many_threads_at_once_share_one_run_of_the_loop() -> None:
     """Every call waits until all have started, so all of them are on the loop at once: the
-    thread that runs it runs the calls the others handed over, until each has its answer."""
+    others' calls are handed to the run of the thread that runs it."""
     portal = Portal()
     started: list[int] = []
     everyone_in: dict[str, asyncio.Event] = {}
