@@ -13,7 +13,8 @@
   `everysec`), redis-server SIGKILLed and restarted 5 times, 2 probe writers beside it
   journaling every acknowledged schedule and ack.
 - sqlite: a writer (schedule, claim, ack, fail in a loop) SIGKILLed 500 times at random points.
-- disk: the queue on a 1 MB tmpfs filled until refused (needs root to mount it).
+- disk: the queue on a 2 MB tmpfs, half of it ballast, filled until refused (needs root to
+  mount it).
 
 Everything stays on loopback; `tests/chaos/` runs the same at CI size.
 """
@@ -313,7 +314,7 @@ def disk_table(r: dict[str, Any]) -> str:
     cli = r["cli_stderr"].strip()
     return "\n".join(
         [
-            "| on a 1 MB tmpfs | result |",
+            "| on a 2 MB tmpfs, 1 MB of it ballast | result |",
             "|---|---|",
             f"| elements scheduled until refused | {r['added']:,} (all {r['total']:,} still"
             " queued) |",

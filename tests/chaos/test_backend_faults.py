@@ -59,7 +59,7 @@ def test_a_sqlite_writer_killed_100_times_never_corrupts_or_loses(tmp_path: Path
 
 
 async def test_a_full_disk_gives_a_clear_error_and_no_corruption(tmp_path: Path) -> None:
-    """A 1 MB tmpfs of our own (a machine where it cannot be mounted fails the test) holds
+    """A 2 MB tmpfs of our own (a machine where it cannot be mounted fails the test) holds
     the queue: schedules are refused with a crawlq error once it is full, `crawlq schedule`
     says so in one line, the file is sound and nothing is lost; freed space, work goes on."""
     with small_disk(tmp_path / "disk") as folder:
