@@ -4,6 +4,7 @@ to the thread running its loop when another does, on a helper thread from async 
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ async def waited(event: threading.Event) -> None:
 
 
 def run_threads(count: int, target: Any) -> None:
-    threads = [threading.Thread(target=target, args=(n,)) for n in range(count)]
+    threads = [threading.Thread(target=target, args=(n,), daemon=True) for n in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -184,7 +185,7 @@ async def test_a_call_from_async_code_is_answered_by_the_thread_running_the_loop
     async def quick() -> str:
         return "quick"
 
-    other = threading.Thread(target=portal.call, args=(busy(),))
+    other = threading.Thread(target=portal.call, args=(busy(),), daemon=True)
     other.start()
     try:
         assert running.wait(JOIN)
@@ -215,7 +216,7 @@ def test_close_ends_the_calls_under_way_and_the_portal_works_again() -> None:
         except RuntimeError as exc:
             raised[n] = str(exc)
 
-    threads = [threading.Thread(target=caller, args=(n,)) for n in range(2)]
+    threads = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(2)]
     for thread in threads:
         thread.start()
     assert all(started[n].wait(JOIN) for n in range(2))
@@ -231,6 +232,145 @@ def test_close_ends_the_calls_under_way_and_the_portal_works_again() -> None:
         assert portal.call(answer()) == 42
     finally:
         portal.close()
+
+
+def test_a_call_made_while_close_runs_waits_for_it_then_runs_on_a_new_loop() -> None:
+    """The running call's cleanup, which close's cancel starts, lets a new call begin; that
+    call must not take the portal's next loop before close is done (close would then wait
+    for it, and it for close)."""
+    portal = Portal()
+    running, new_call_made, closed = threading.Event(), threading.Event(), threading.Event()
+    answers: dict[str, Any] = {}
+
+    async def endless() -> None:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await waited(new_call_made)
+
+    async def after_close() -> str:
+        await waited(closed)
+        return "on a new loop"
+
+    def first() -> None:
+        try:
+            portal.call(endless())
+        except RuntimeError as exc:
+            answers["first"] = str(exc)
+
+    def second() -> None:
+        new_call_made.set()
+        answers["second"] = portal.call(after_close())
+
+    def closer() -> None:
+        portal.close()
+        closed.set()
+
+    threads = [threading.Thread(target=first, daemon=True)]
+    threads[0].start()
+    assert running.wait(JOIN)
+    threads += [threading.Thread(target=closer, daemon=True)]
+    threads[1].start()
+    while portal.running:  # close has dropped the loop: the next call makes a new one
+        threading.Event().wait(0.001)
+    threads += [threading.Thread(target=second, daemon=True)]
+    threads[2].start()
+    for thread in threads:
+        thread.join(JOIN)
+    try:
+        assert not any(thread.is_alive() for thread in threads), "close or a call hung"
+        assert answers == {
+            "first": "the portal was closed during this call",
+            "second": "on a new loop",
+        }
+    finally:
+        portal.close()
+
+
+def test_a_call_from_a_task_that_close_cancels_is_refused() -> None:
+    portal = Portal()
+    refused: list[str] = []
+
+    async def other() -> None: ...
+
+    async def endless() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            try:
+                portal.call(other())  # the sync API from a coroutine: a mistake
+            except RuntimeError as exc:
+                refused.append(str(exc))
+
+    async def leave_a_task() -> None:
+        leftovers.append(asyncio.create_task(endless()))
+        await asyncio.sleep(0)
+
+    leftovers: list[asyncio.Task[None]] = []
+    portal.call(leave_a_task())
+    closer = threading.Thread(target=portal.close, daemon=True)
+    closer.start()
+    closer.join(JOIN)
+    assert not closer.is_alive(), "close hung"
+    assert refused == ["Portal.call() from its own loop would deadlock"]
+
+
+def test_the_main_threads_interrupt_handler_is_put_back_after_a_call() -> None:
+    """Ours while the main thread runs the loop; after it, Python's default again, or the
+    one the program installed meanwhile."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    portal = Portal()
+    during: list[Any] = []
+
+    def programs_own(signum: int, frame: Any) -> None: ...
+
+    async def look(install: bool) -> None:
+        during.append(signal.getsignal(signal.SIGINT))
+        if install:
+            signal.signal(signal.SIGINT, programs_own)
+
+    try:
+        portal.call(look(install=False))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert during[0] is not signal.default_int_handler
+        portal.call(look(install=True))
+        assert signal.getsignal(signal.SIGINT) is programs_own
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        portal.close()
+
+
+def test_an_interrupted_run_leaves_no_stop_for_the_next_or_for_close() -> None:
+    """An interrupt that ends a run just after its call finished leaves the run's stop
+    queued on the loop: the next call, and close, must run past it."""
+    portal = Portal()
+    cleaned = threading.Event()
+
+    def interrupt() -> None:  # an interrupt landing in the loop's next step
+        raise KeyboardInterrupt
+
+    async def background() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.set()
+
+    async def first() -> int:
+        tasks.append(asyncio.create_task(background()))
+        asyncio.get_running_loop().call_soon(interrupt)
+        return 1
+
+    async def second() -> str:
+        return "ok"
+
+    tasks: list[asyncio.Task[None]] = []
+    with pytest.raises(KeyboardInterrupt):
+        portal.call(first())
+    assert portal.call(second()) == "ok"
+    assert portal.call(second()) == "ok"
+    portal.close()
+    assert cleaned.is_set()
 
 
 #: Run in a child process, whose main thread gets the SIGINT: Ctrl-C while the main thread

@@ -16,6 +16,9 @@ Ctrl-C while the main thread runs the loop cancels the main thread's own call, w
 raises KeyboardInterrupt, as `asyncio.run` does: the loop may be running other threads'
 calls too, and an interrupt raised in one of them would leave it half done.
 
+`close` ends the calls under way (they raise RuntimeError) and takes the loop before any
+call does: a call made meanwhile waits for it, then runs on a new loop.
+
 Between calls the loop stands still. What the backends leave on it (a connection kept for
 the next call) needs no one to run it while no call waits on it.
 """
@@ -25,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from collections.abc import Coroutine, Iterator
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import CancelledError, Future
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -53,12 +58,21 @@ class Portal:
         self._lock = threading.Lock()  # making and dropping the loop
         self._turn = threading.Condition()  # who runs the loop; answers coming in
         self._runner: int | None = None  # the thread running the loop, if one is
+        self._closing = 0  # closes under way: they run the loop before any call does
+        self._made: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
+                self._made.add(self._loop)
             return self._loop
+
+    def _from_own_loop(self) -> bool:
+        """Whether the caller runs on a loop of this portal's (this one or one `close`
+        dropped): waiting there for the portal would wait for itself."""
+        own = _running_loop()
+        return own is not None and own in self._made
 
     @property
     def running(self) -> bool:
@@ -66,11 +80,11 @@ class Portal:
         return self._loop is not None
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop = self._started()
-        own = _running_loop()
-        if own is loop:
+        if self._from_own_loop():
             coro.close()
             raise RuntimeError("Portal.call() from its own loop would deadlock")
+        loop = self._started()
+        own = _running_loop()
         try:
             return self._answer(loop, own, coro)
         except (asyncio.CancelledError, CancelledError):
@@ -108,10 +122,10 @@ class Portal:
     def _take(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Makes this thread the loop's runner if no thread is."""
         with self._turn:
-            if self._runner is not None:
+            if self._runner is not None or self._closing:
                 return False
             if loop.is_closed():
-                raise RuntimeError("the portal was closed")
+                raise RuntimeError("the portal was closed during this call")
             self._runner = threading.get_ident()
             return True
 
@@ -130,7 +144,7 @@ class Portal:
         thread does."""
         while True:
             with self._turn:
-                while self._runner is not None and not answer.done():
+                while (self._runner is not None or self._closing) and not answer.done():
                     self._turn.wait()
                 if answer.done():
                     return
@@ -143,30 +157,23 @@ class Portal:
 
     def _on_helper(self, loop: asyncio.AbstractEventLoop, answer: Future[Any]) -> None:
         """`_wait_or_run` on a helper thread, for a caller that runs a loop of its own."""
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self._wait_or_run(loop, answer)
-            except BaseException as exc:  # the caller raises it
-                failed.append(exc)
-
-        helper = threading.Thread(target=run, name="crawlq-portal", daemon=True)
-        helper.start()
-        helper.join()
-        if failed and not answer.done():
-            raise failed[0]
+        try:
+            _on_thread(partial(self._wait_or_run, loop, answer), "crawlq-portal")
+        except BaseException:
+            if not answer.done():
+                raise
 
     def close(self) -> None:
         """Drops the loop: cancels what is on it (calls under way then raise RuntimeError)
         and closes it."""
-        if self._loop is not None and _running_loop() is self._loop:
+        if self._from_own_loop():
             raise RuntimeError("Portal.close() from its own loop would deadlock")
         with self._lock:
             loop, self._loop = self._loop, None
         if loop is None:
             return
         with self._turn:
+            self._closing += 1  # from now on no call takes a loop before this close has
             if self._runner is not None:  # calls under way end now, as the loop is closed
                 loop.call_soon_threadsafe(_cancel_all, loop)
             while self._runner is not None:
@@ -176,11 +183,30 @@ class Portal:
             if _running_loop() is None:
                 _shut(loop)
             else:
-                helper = threading.Thread(target=_shut, args=(loop,), name="crawlq-portal-close")
-                helper.start()
-                helper.join()
+                _on_thread(partial(_shut, loop), "crawlq-portal-close")
         finally:
-            self._step_down()
+            with self._turn:
+                self._closing -= 1
+                self._runner = None
+                self._turn.notify_all()
+
+
+def _on_thread(run: Callable[[], object], name: str) -> None:
+    """`run()` on a thread of its own, for a caller whose thread runs another event loop;
+    what it raises is raised here."""
+    failed: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            run()
+        except BaseException as exc:  # the caller raises it
+            failed.append(exc)
+
+    helper = threading.Thread(target=guarded, name=name, daemon=True)
+    helper.start()
+    helper.join()
+    if failed:
+        raise failed[0]
 
 
 def _run_until_done(loop: asyncio.AbstractEventLoop, future: asyncio.Future[T]) -> T:
@@ -226,7 +252,10 @@ def _interrupts_cancel(
             raise KeyboardInterrupt from None
         raise
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGINT) is on_interrupt:  # not one the program set since
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted:  # the call ended anyway, before the cancel reached it
+        raise KeyboardInterrupt
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
@@ -235,15 +264,18 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _shut(loop: asyncio.AbstractEventLoop) -> None:
+    def run(step: Awaitable[Any]) -> None:
+        _run_until_done(loop, asyncio.ensure_future(step, loop=loop))
+
     try:
-        loop.run_until_complete(asyncio.sleep(0))  # calls handed over just now become tasks
+        run(asyncio.sleep(0))  # calls handed over just now become tasks
         for _ in range(CANCEL_ROUNDS):
             left = asyncio.all_tasks(loop)
             if not left:
                 break
             for task in left:
                 task.cancel()
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
+            run(asyncio.gather(*left, return_exceptions=True))
+        run(loop.shutdown_asyncgens())
     finally:
         loop.close()
