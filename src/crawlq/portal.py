@@ -37,8 +37,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-#: The thread id `close` takes the loop under: no call runs it while it is being shut.
-CLOSING = -1
+#: What a call hears when `close` ended it or dropped its loop before it ran.
+CLOSED = "the portal was closed during this call"
 #: Rounds of cancelling what is left on the loop, for tasks that catch their cancellation.
 CANCEL_ROUNDS = 3
 
@@ -89,7 +89,7 @@ class Portal:
             return self._answer(loop, own, coro)
         except (asyncio.CancelledError, CancelledError):
             if loop is not self._loop:  # `close` dropped the loop and cancelled the call
-                raise RuntimeError("the portal was closed during this call") from None
+                raise RuntimeError(CLOSED) from None
             raise
 
     def _answer(
@@ -104,7 +104,7 @@ class Portal:
                 answer = asyncio.run_coroutine_threadsafe(coro, loop)
         except RuntimeError:  # the loop is closed: `close` ran meanwhile
             coro.close()
-            raise RuntimeError("the portal was closed during this call") from None
+            raise RuntimeError(CLOSED) from None
         if mine:
             try:
                 task = loop.create_task(coro)
@@ -125,7 +125,7 @@ class Portal:
             if self._runner is not None or self._closing:
                 return False
             if loop.is_closed():
-                raise RuntimeError("the portal was closed during this call")
+                raise RuntimeError(CLOSED)
             self._runner = threading.get_ident()
             return True
 
@@ -178,7 +178,6 @@ class Portal:
                 loop.call_soon_threadsafe(_cancel_all, loop)
             while self._runner is not None:
                 self._turn.wait()
-            self._runner = CLOSING
         try:
             if _running_loop() is None:
                 _shut(loop)
@@ -187,7 +186,6 @@ class Portal:
         finally:
             with self._turn:
                 self._closing -= 1
-                self._runner = None
                 self._turn.notify_all()
 
 
@@ -258,9 +256,12 @@ def _interrupts_cancel(
         raise KeyboardInterrupt
 
 
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    for task in asyncio.all_tasks(loop):
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> set[asyncio.Task[Any]]:
+    """Cancels every task on the loop; returns them."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
         task.cancel()
+    return tasks
 
 
 def _shut(loop: asyncio.AbstractEventLoop) -> None:
@@ -270,11 +271,9 @@ def _shut(loop: asyncio.AbstractEventLoop) -> None:
     try:
         run(asyncio.sleep(0))  # calls handed over just now become tasks
         for _ in range(CANCEL_ROUNDS):
-            left = asyncio.all_tasks(loop)
+            left = _cancel_all(loop)
             if not left:
                 break
-            for task in left:
-                task.cancel()
             run(asyncio.gather(*left, return_exceptions=True))
         run(loop.shutdown_asyncgens())
     finally:
